@@ -1,0 +1,32 @@
+# Two entry points on a fresh machine:  `make run`  and  `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv docs bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the project's own range must never pull a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[torch,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)  ## set up and audit this machine
+	$(BIN)/torchdoctor check
+
+test: $(STAMP)  ## set up and run the whole test suite
+	$(BIN)/python -m pytest
+
+docs: $(STAMP)  ## regenerate docs/codes.md from the catalogue
+	$(BIN)/torchdoctor codes --format markdown > docs/codes.md
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/check_latency.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

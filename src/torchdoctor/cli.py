@@ -1,0 +1,205 @@
+"""Command line: ``torchdoctor check | facts | codes``.
+
+Exit codes (:class:`~torchdoctor.model.ExitCode`): 0 nothing at or above ``--fail-on``,
+1 findings at or above it, 2 usage or internal error. User mistakes produce one line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import TorchDoctorError, UsageError
+from .model import ExitCode, Finding, Severity
+from .options import DEFAULT_BATCH_BYTES, DEFAULT_NUM_WORKERS, DEFAULT_PREFETCH_FACTOR, CheckOptions
+from .units import human_bytes, parse_bytes
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class SizeParam(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeParam()
+FORMAT = click.Choice(["text", "json", "markdown"])
+FAIL_ON = click.Choice(["info", "warning", "error", "never"])
+
+
+def exit_code_for(findings: list[Finding], fail_on: str) -> ExitCode:
+    if fail_on == "never":
+        return ExitCode.OK
+    threshold = Severity.parse(fail_on)
+    return ExitCode.FINDINGS if any(f.severity >= threshold for f in findings) else ExitCode.OK
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="torchdoctor")
+def cli() -> None:
+    """Prevent, detect and explain the failures where PyTorch training meets the OS.
+
+    \b
+    Before a run:   torchdoctor check                 audit this machine
+                    torchdoctor check --num-workers 8 --batch-bytes 96MiB --path /ckpt
+    Any code:       torchdoctor codes TD101           what it means and how to fix it
+    Record a host:  torchdoctor facts > host.json     then: torchdoctor check --facts host.json
+    """
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--format", "fmt", type=FORMAT, default="text", show_default=True, help="Output format.")
+@click.option(
+    "--fail-on", type=FAIL_ON, default="error", show_default=True,
+    help="Exit 1 when a finding is at or above this severity ('never': always exit 0).",
+)
+@click.option("--facts", "facts_file", type=click.Path(dir_okay=True), help="Judge a recorded facts snapshot (from `torchdoctor facts`) instead of this host.")
+@click.option("--num-workers", type=click.IntRange(min=0), default=DEFAULT_NUM_WORKERS, show_default=True, help="DataLoader workers per training process.")
+@click.option("--batch-bytes", type=SIZE, default=str(DEFAULT_BATCH_BYTES), show_default=human_bytes(DEFAULT_BATCH_BYTES), help="Bytes of one batch as workers hand it over (e.g. 48MiB).")
+@click.option("--prefetch-factor", type=click.IntRange(min=1), default=DEFAULT_PREFETCH_FACTOR, show_default=True, help="Batches each worker keeps in flight.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, help="Training processes on this machine (default: LOCAL_WORLD_SIZE, else 1).")
+@click.option("--path", "paths", multiple=True, type=click.Path(), help="A checkpoint, log or data directory to test (repeatable).")
+@click.option("--expect-bytes", type=SIZE, default=None, help="Bytes the run will write under each --path (checkpoints, logs).")
+@click.option("--dist", is_flag=True, help="Check the distributed environment even if no RANK/WORLD_SIZE variable is set.")
+@click.option("--start-method", type=click.Choice(["fork", "spawn", "forkserver"]), default=None, help="Start method of the process that will iterate the DataLoader (default: Python's).")
+@click.option("--sharing-strategy", type=click.Choice(["file_descriptor", "file_system"]), default=None, help="torch.multiprocessing sharing strategy the run sets (default: torch's).")
+@click.option("--no-torch", is_flag=True, help="Skip facts about the installed torch (fastest).")
+def check(
+    fmt: str, fail_on: str, facts_file: str | None, num_workers: int, batch_bytes: int,
+    prefetch_factor: int, nproc_per_node: int | None, paths: tuple[str, ...], expect_bytes: int | None,
+    dist: bool, start_method: str | None, sharing_strategy: str | None, no_torch: bool,
+) -> None:
+    """Audit this machine (or a recorded one) before training.
+
+    Reads /dev/shm, vm.max_map_count, open-file limits, memory and cgroup limits, CPU threads,
+    GPUs (through NVML, without creating a CUDA context), the distributed environment and the
+    paths you name; reports each risk with its evidence and fix.
+
+    \b
+    Examples:
+      torchdoctor check
+      torchdoctor check --num-workers 8 --batch-bytes 96MiB --prefetch-factor 4
+      torchdoctor check --path /checkpoints --expect-bytes 20GiB --fail-on warning
+      torchdoctor check --facts recorded-node.json --format json
+    """
+    from .checks import run_checks
+    from .facts import Facts, GatherContext, gather
+    from .report import render_findings
+
+    if facts_file:
+        if paths:
+            raise UsageError("--path needs the live host; record the snapshot with `torchdoctor facts --path DIR` instead")
+        facts = Facts.load(facts_file)
+        source = f"recorded facts {facts_file}"
+    else:
+        facts = gather(GatherContext(paths=tuple(paths), dist=dist, torch=not no_torch))
+        source = "this host"
+    options = CheckOptions(
+        num_workers=num_workers, batch_bytes=batch_bytes, prefetch_factor=prefetch_factor,
+        expect_bytes=expect_bytes, dist=dist, start_method=start_method,
+        sharing_strategy=sharing_strategy, nproc_per_node=nproc_per_node,
+    )
+    findings = run_checks(facts, options)
+    render_findings(findings, fmt, "check", sys.stdout, {"source": source})
+    sys.exit(int(exit_code_for(findings, fail_on)))
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@click.option("--path", "paths", multiple=True, type=click.Path(), help="Also record facts about this directory (repeatable).")
+@click.option("--dist", is_flag=True, help="Also probe MASTER_ADDR/MASTER_PORT.")
+@click.option("--no-torch", is_flag=True, help="Skip facts about the installed torch.")
+@click.option("--show-uuids", is_flag=True, help="Keep GPU UUIDs and serials as they are (anonymised by default).")
+def facts(fmt: str, paths: tuple[str, ...], dist: bool, no_torch: bool, show_uuids: bool) -> None:
+    """Print what torchdoctor reads from this machine, as replayable JSON.
+
+    Secrets are redacted: any environment variable whose name contains TOKEN, KEY, SECRET,
+    PASSWORD, PASS, CREDENTIAL or AUTH. GPU UUIDs are anonymised unless --show-uuids.
+
+    \b
+      torchdoctor facts > node7.json
+      torchdoctor check --facts node7.json
+    """
+    from .facts import GatherContext, gather
+
+    snapshot = gather(GatherContext(paths=tuple(paths), dist=dist, torch=not no_torch, show_uuids=show_uuids))
+    if fmt == "json":
+        click.echo(snapshot.dumps())
+        return
+    for key, value in _flatten(snapshot.to_json()):
+        click.echo(f"{key} = {value}")
+
+
+def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        out: list[tuple[str, Any]] = []
+        for k in sorted(node):
+            out += _flatten(node[k], f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, node)]
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("code", required=False)
+@click.option("--family", help="Only codes of this failure family (e.g. shm-map-count).")
+@click.option("--prefix", help="Only codes starting with this prefix (e.g. TD1).")
+@click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
+def codes(code: str | None, family: str | None, prefix: str | None, fmt: str) -> None:
+    """List the catalogue, or explain one code (by TDnnn or name).
+
+    \b
+      torchdoctor codes                    every code
+      torchdoctor codes --family fd-exhausted
+      torchdoctor codes TD101              one code in full
+      torchdoctor codes shm-too-small      the same, by name
+    """
+    from .registry import lookup, select
+    from .report import codes as codes_report
+
+    chosen = [lookup(code)] if code else select(family=family, prefix=prefix)
+    if fmt == "json":
+        codes_report.write_json(chosen, sys.stdout)
+    elif fmt == "markdown":
+        sys.stdout.write(codes_report.markdown(chosen))
+    elif code:
+        codes_report.write_one(chosen[0], sys.stdout)
+    else:
+        codes_report.write_list(chosen, sys.stdout)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: turns every error into one line and a documented exit code."""
+    try:
+        cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("torchdoctor: aborted", err=True)
+        sys.exit(int(ExitCode.USAGE))
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    except TorchDoctorError as exc:
+        click.echo(f"torchdoctor: error: {exc}", err=True)
+        sys.exit(int(ExitCode.USAGE))
+    except BrokenPipeError:
+        sys.exit(int(ExitCode.OK))
+    except Exception as exc:  # noqa: BLE001 - never a traceback from our code
+        if os.environ.get("TORCHDOCTOR_DEBUG"):
+            raise
+        click.echo(
+            f"torchdoctor: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with TORCHDOCTOR_DEBUG=1 for the traceback, and report it)",
+            err=True,
+        )
+        sys.exit(int(ExitCode.USAGE))
+    sys.exit(int(ExitCode.OK))

@@ -1,0 +1,32 @@
+"""Options that shape what the checks assume about the coming training run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+
+#: Defaults chosen to describe a typical single-node image/text training job.
+DEFAULT_NUM_WORKERS = 4
+DEFAULT_PREFETCH_FACTOR = 2  # torch's own default when num_workers > 0
+DEFAULT_BATCH_BYTES = 32 * MiB
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """The planned run, as far as the checks need to know it."""
+
+    num_workers: int = DEFAULT_NUM_WORKERS
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    prefetch_factor: int = DEFAULT_PREFETCH_FACTOR
+    expect_bytes: int | None = None
+    dist: bool = False
+    start_method: str | None = None
+    """Start method of the process that will iterate the loader (None: that of Python's default)."""
+    sharing_strategy: str | None = None
+    """torch.multiprocessing sharing strategy the run will use (None: torch's default)."""
+    nproc_per_node: int | None = None
+
+    def shm_need_bytes(self) -> int:
+        """Bytes of /dev/shm that in-flight batches occupy: workers x prefetch x batch."""
+        return max(self.num_workers, 0) * max(self.prefetch_factor, 1) * max(self.batch_bytes, 0)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .errors import UnknownCodeError
 from .families import FAMILIES
 from .model import Evidence, Finding, Severity
+from .signature import Signature
 
 if TYPE_CHECKING:
     from .facts import Facts
@@ -76,6 +77,8 @@ class Code:
     """Known false positives (doc section)."""
     related: tuple[str, ...] = ()
     check: CheckFn | None = None
+    signatures: tuple[Signature, ...] = ()
+    """How this failure shows up in logs (``torchdoctor explain``)."""
     status: Literal["stable", "experimental", "retired"] = "stable"
 
     def placeholders(self) -> set[str]:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ..families import FAMILIES
 from ..registry import AREAS, Code
-from .text import make_console
+from .text import stripped
 
 
 def _placeholders_to_words(template: str) -> str:
@@ -38,34 +38,35 @@ def code_dict(c: Code) -> dict[str, Any]:
 
 
 def write_list(codes: Sequence[Code], out: IO[str]) -> None:
-    console = make_console(out)
     table = Table(title=f"{len(codes)} codes", title_justify="left", header_style="bold")
     for col in ("code", "name", "family", "severity", "title"):
         table.add_column(col, no_wrap=col != "title")
     for c in codes:
         table.add_row(c.code, c.name, c.family, c.severity.label, c.title)
-    console.print(table)
-    console.print(Text("one code in full: torchdoctor codes TDnnn (or its name)", style="dim"))
+    with stripped(out) as console:
+        console.print(table)
+        console.print(Text("one code in full: torchdoctor codes TDnnn (or its name)", style="dim"))
 
 
 def write_one(c: Code, out: IO[str]) -> None:
-    console = make_console(out)
-    console.print(Text(f"{c.code} {c.name}", style="bold"))
-    console.print(Text(f"{c.title}", style="italic"))
-    console.print(Text(f"family: {c.family} · severity: {c.severity.label} · area: {AREAS[c.area]} · status: {c.status}", style="dim"))
-    for heading, body in (
-        ("What it means", c.meaning),
-        ("Why it happens", c.why),
-        ("What you will see", _placeholders_to_words(c.message)),
-        ("How to fix", _placeholders_to_words(c.fix)),
-        ("Known false positives", c.false_positives),
-    ):
-        console.print()
-        console.print(Text(heading, style="bold underline"))
-        console.print(body.strip())
-    if c.related:
-        console.print()
-        console.print(Text("Related: " + ", ".join(c.related), style="dim"))
+    with stripped(out) as console:
+        console.print(Text(f"{c.code} {c.name}", style="bold"))
+        console.print(Text(f"{c.title}", style="italic"))
+        meta = f"family: {c.family} · severity: {c.severity.label} · area: {AREAS[c.area]} · status: {c.status}"
+        console.print(Text(meta, style="dim"))
+        for heading, body in (
+            ("What it means", c.meaning),
+            ("Why it happens", c.why),
+            ("What you will see", _placeholders_to_words(c.message)),
+            ("How to fix", _placeholders_to_words(c.fix)),
+            ("Known false positives", c.false_positives),
+        ):
+            console.print()
+            console.print(Text(heading, style="bold underline"))
+            console.print(Text(body.strip()))
+        if c.related:
+            console.print()
+            console.print(Text("Related: " + ", ".join(c.related), style="dim"))
 
 
 def markdown(codes: Sequence[Code]) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import IO, Any
 
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -26,7 +29,7 @@ def make_console(out: IO[str]) -> Console:
         no_color=no_color,
         highlight=False,
         soft_wrap=False,
-        width=None if out.isatty() else 100,
+        width=None if _isatty(out) else 100,
         emoji=False,
     )
 
@@ -36,24 +39,49 @@ def finding_block(f: Finding) -> Group:
     head.append(f"{_MARK[f.severity]} {f.code} ", style=_STYLE[f.severity])
     head.append(f.name, style="bold")
     head.append(f"  [{f.family}]", style="dim")
-    parts: list[Any] = [head, Text("  " + f.message)]
+    parts: list[Any] = [head, Padding(Text(f.message), (0, 0, 0, 2))]
     if f.evidence:
         table = Table(show_header=False, box=None, padding=(0, 1), pad_edge=False)
         table.add_column(style="dim", no_wrap=True)
-        table.add_column()
-        table.add_column(style="dim")
+        table.add_column(ratio=2)
+        table.add_column(style="dim", ratio=1)
         for e in f.evidence:
-            table.add_row("   " + e.label, str(e.value), e.source)
-        parts.append(table)
-    fix = Text("  fix: ", style="green")
-    fix.append(f.fix.strip().replace("\n", "\n       "))
-    parts.append(fix)
-    parts.append(Text(f"  more: torchdoctor codes {f.code}", style="dim"))
+            table.add_row(e.label, str(e.value), e.source)
+        parts.append(Padding(table, (0, 0, 0, 4)))
+    fix = Table.grid(padding=(0, 1))
+    fix.add_column(style="green", no_wrap=True)
+    fix.add_column()
+    fix.add_row("fix:", f.fix.strip())
+    fix.add_row("more:", Text(f"torchdoctor codes {f.code}", style="dim"))
+    parts.append(Padding(fix, (0, 0, 0, 2)))
     return Group(*parts)
 
 
 def write(findings: Sequence[Finding], command: str, out: IO[str], context: dict[str, Any]) -> None:
-    console = make_console(out)
+    with stripped(out) as console:
+        _write(console, findings, command, context)
+
+
+@contextmanager
+def stripped(out: IO[str]) -> Iterator[Console]:
+    """A console for ``out``; off a TTY, lines are captured and their padding spaces removed."""
+    if _isatty(out):
+        yield make_console(out)
+        return
+    buf = io.StringIO()
+    console = make_console(buf)
+    yield console
+    out.write("\n".join(line.rstrip() for line in buf.getvalue().split("\n")))
+
+
+def _isatty(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _write(console: Console, findings: Sequence[Finding], command: str, context: dict[str, Any]) -> None:
     source = context.get("source")
     title = f"torchdoctor {command}" + (f" · {source}" if source else "")
     console.print(Text(title, style="bold"))

@@ -1,0 +1,41 @@
+"""The public façade: a tested __all__, and the model behind every reporter."""
+
+from __future__ import annotations
+
+import torchdoctor
+from torchdoctor import CheckOptions, Facts, Severity, run_checks
+from torchdoctor.registry import Code, Hit, all_codes
+
+
+def test_all_is_exactly_the_public_api() -> None:
+    assert sorted(torchdoctor.__all__) == sorted(set(torchdoctor.__all__))
+    for name in torchdoctor.__all__:
+        assert hasattr(torchdoctor, name), name
+    assert {"check", "gather", "run_checks", "Finding", "Severity", "Facts", "lookup", "all_codes"} <= set(torchdoctor.__all__)
+
+
+def test_crashing_check_becomes_a_finding_about_itself() -> None:
+    def boom(facts, opts):
+        raise KeyError("nope")
+        yield  # pragma: no cover
+
+    base = all_codes()[0]
+    broken = Code(**{**base.__dict__, "check": boom})
+    findings = run_checks(Facts.from_dict({"meta": {"schema_version": 1}}), CheckOptions(), codes=[broken])
+    assert len(findings) == 1
+    f = findings[0]
+    assert f.code == base.code and f.check_error and "KeyError" in f.message
+    assert f.severity is Severity.WARNING
+
+
+def test_unknown_facts_yield_no_false_alarm() -> None:
+    # An empty snapshot: every check must tolerate missing facts without crashing or accusing.
+    findings = run_checks(Facts.from_dict({"meta": {"schema_version": 1}}), CheckOptions())
+    assert [f for f in findings if f.check_error] == []
+    assert [f for f in findings if f.severity is Severity.ERROR] == []
+
+
+def test_template_fills_values_and_keeps_unknown_placeholders_visible() -> None:
+    code = all_codes()[0]
+    f = code.finding(Hit({}))
+    assert "{" in f.message or f.message  # never raises on a missing value

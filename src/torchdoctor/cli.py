@@ -203,3 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(int(ExitCode.USAGE))
     sys.exit(int(ExitCode.OK))
+
+
+# Commands that live in their own modules register themselves on `cli` when imported.
+from . import cli_explain, cli_lab  # noqa: E402,F401

@@ -1,0 +1,3 @@
+"""CLI command module (registers on torchdoctor.cli.cli)."""
+
+from __future__ import annotations

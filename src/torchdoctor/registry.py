@@ -165,8 +165,16 @@ def lookup(key: str) -> Code:
         return _REGISTRY[k.upper()]
     if k.lower() in _BY_NAME:
         return _BY_NAME[k.lower()]
-    candidates = list(_REGISTRY) + list(_BY_NAME)
-    close = difflib.get_close_matches(k.upper() if k.upper().startswith("TD") else k.lower(), candidates, n=3, cutoff=0.6)
+    if re.fullmatch(r"(?i)td\d{0,3}", k):
+        # a partial or mistyped number: codes sharing the longest prefix are the likeliest meant
+        for n in range(len(k), 1, -1):
+            close = [c for c in _REGISTRY if c.startswith(k[:n].upper())][:3]
+            if close:
+                break
+        else:
+            close = []
+    else:
+        close = difflib.get_close_matches(k.lower(), list(_BY_NAME), n=3, cutoff=0.6)
     raise UnknownCodeError(k, close)
 
 

@@ -1,0 +1,526 @@
+"""TD60x: the paths a run reads and writes (checkpoint, log and data directories given with --path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..facts import Facts
+from ..model import Evidence, Severity
+from ..options import CheckOptions
+from ..registry import Code, Hit, register
+from ._util import ev, human_bytes
+
+GiB = 1024**3
+#: With no --expect-bytes, less than this free is worth a warning: one checkpoint with optimizer state is often more.
+LOW_SPACE_FLOOR = 1 * GiB
+#: Inodes are "nearly exhausted" below both of these.
+INODES_LOW_ABS, INODES_LOW_FRACTION = 50_000, 0.05
+_SPACE_ERRNOS = ("ENOSPC", "EDQUOT")
+
+
+# -- reading the facts --------------------------------------------------------------------------
+def _entries(facts: Facts) -> list[dict[str, Any]]:
+    entries = facts.get("paths.entries")
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _name(e: dict[str, Any]) -> str:
+    return str(e.get("abspath") or e.get("path"))
+
+
+def _failed(e: dict[str, Any]) -> dict[str, Any] | None:
+    """The failed write test (in the directory, or in its nearest ancestor when missing), if any."""
+    wt = e.get("write_test")
+    return wt if isinstance(wt, dict) and wt.get("ok") is False else None
+
+
+def _errno(e: dict[str, Any]) -> str | None:
+    return (_failed(e) or {}).get("errno")
+
+
+def _sub(e: dict[str, Any], key: str) -> dict[str, Any]:
+    value = e.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _mount(e: dict[str, Any]) -> dict[str, Any]:
+    return _sub(e, "mount")
+
+
+def _fs(e: dict[str, Any]) -> dict[str, Any]:
+    return _sub(e, "fs")
+
+
+def _ev_write(e: dict[str, Any]) -> Evidence:
+    wt = e.get("write_test") or {}
+    where = wt.get("where", _name(e))
+    if wt.get("ok"):
+        return ev("write test", f"created and removed a file in {where}", "open(O_CREAT|O_EXCL), write, fsync, unlink")
+    return ev("write test", f"{wt.get('errno')} at {wt.get('step')}(): {wt.get('message')}", f"probe file in {where}")
+
+
+def _ev_mount(e: dict[str, Any]) -> Evidence:
+    m = _mount(e)
+    value = f"{m.get('mount_point')} ({m.get('fstype')} from {m.get('source')}; {','.join(map(str, (m.get('options') or [])[:8]))})"
+    return ev("mount", value, "/proc/self/mountinfo")
+
+
+def _ev_space(e: dict[str, Any]) -> Evidence:
+    fs = _fs(e)
+    return ev("free space", f"{human_bytes(fs.get('free_bytes'))} of {human_bytes(fs.get('total_bytes'))}",
+              f"statvfs({fs.get('checked_at')})")
+
+
+def _groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Entries grouped by the file system they live on (they share its free space)."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for e in entries:
+        fs = _fs(e)
+        key = ("fsid", fs["fsid"], fs.get("total_bytes")) if fs.get("fsid") else \
+            ("mount", _mount(e).get("mount_point") or fs.get("checked_at") or _name(e))
+        groups.setdefault(key, []).append(e)
+    return list(groups.values())
+
+
+def _remedy(code: str | None, e: dict[str, Any], where: str) -> str:
+    owner = _sub(e, "owner")
+    mp = _mount(e).get("mount_point", "the mount")
+    return {
+        "EACCES": f"`sudo chown -R $(id -u):$(id -g) {where}` (or `chmod u+w {where}`), or in a container run as the "
+                  f"volume's owner (`docker run --user {owner.get('uid', 'UID')}:{owner.get('gid', 'GID')}`, "
+                  "Kubernetes `securityContext.fsGroup`)",
+        "EPERM": f"`lsattr -d {where}`: if it shows `i` (immutable) or `a` (append-only), `sudo chattr -i -a {where}`; "
+                 f"otherwise look for an SELinux/AppArmor denial (`ls -Zd {where}`, `ausearch -m avc`; Docker volumes "
+                 "need the `:z` suffix under SELinux)",
+        "EROFS": f"{mp} is mounted read-only (see TD605): write to a writable volume",
+        "ENOSPC": "the file system is full (see TD606)",
+        "EDQUOT": "your quota is used up (see TD606)",
+        "ESTALE": f"the NFS file handle is stale (the directory was removed or re-exported on the server): leave the "
+                  f"directory, remount {mp} or recreate the directory",
+        "ENOTDIR": f"{where} is a file, not a directory: move it away or choose another path",
+    }.get(code or "", f"choose a directory on a writable, disk-backed file system instead of {where}")
+
+
+# -- TD601-TD603: existence ---------------------------------------------------------------------
+def _check_not_creatable(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for e in _entries(facts):
+        if e.get("exists") is not False or e.get("creatable") is not False:
+            continue
+        wt = _failed(e) or {}
+        where = str(e.get("nearest_existing") or wt.get("where"))
+        yield Hit(
+            {"path": _name(e), "ancestor": where, "errno": wt.get("errno"), "strerror": wt.get("message"),
+             "remedy": _remedy(wt.get("errno"), e, where)},
+            (ev("path", "does not exist", _name(e)), ev("nearest existing ancestor", where, "lstat"), _ev_write(e)),
+        )
+
+
+TD601 = register(Code(
+    code="TD601", name="path-not-creatable", family="checkpoint-io", severity=Severity.ERROR, area="storage",
+    title="A path the run writes does not exist and cannot be created",
+    message="{path} does not exist and cannot be created: writing in its nearest existing ancestor {ancestor} "
+            "fails with {errno} ({strerror}).",
+    fix="Create it as someone who may, and hand it over (`sudo mkdir -p {path} && sudo chown $(id -u):$(id -g) "
+        "{path}`), or point the run at a directory you can write. Here: {remedy}.",
+    meaning="The directory is missing, and the process could not create a file in the closest directory that does "
+            "exist, so neither `os.makedirs` nor the first `torch.save` will succeed.",
+    why="A path typed for another machine or user, a parent owned by root, a read-only or full parent mount, or a "
+        "file where a directory was expected.",
+    false_positives="A job that runs as a different user (or in a container with another uid) than this check may "
+                    "have the permission this process lacks.",
+    related=("TD602", "TD604", "TD605"), check=_check_not_creatable,
+))
+
+
+def _check_missing(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for e in _entries(facts):
+        if e.get("exists") is False and e.get("creatable") is True:
+            yield Hit(
+                {"path": _name(e), "ancestor": e.get("nearest_existing"), "levels": e.get("missing_levels")},
+                (ev("path", "does not exist", _name(e)), ev("nearest existing ancestor", e.get("nearest_existing"), "lstat"),
+                 _ev_write(e)),
+            )
+
+
+TD602 = register(Code(
+    code="TD602", name="path-missing", family="checkpoint-io", severity=Severity.INFO, area="storage",
+    title="A path the run writes does not exist yet (but can be created)",
+    message="{path} does not exist yet ({levels} level(s) below {ancestor}, which is writable); torch.save() does not "
+            "create directories and raises FileNotFoundError.",
+    fix="Create it before the first save: `os.makedirs(\"{path}\", exist_ok=True)` (on rank 0 followed by a barrier "
+        "when ranks share it), or `mkdir -p {path}`.",
+    meaning="The directory can be created, but nothing in torch creates it for you.",
+    why="`torch.save(obj, \"ckpt/epoch1.pt\")` opens the file directly; a missing parent is FileNotFoundError, "
+        "often hours into a run at the first checkpoint.",
+    false_positives="Lightning's ModelCheckpoint, the Hugging Face Trainer and most loggers create their own "
+                    "output directory; plain torch.save does not.",
+    related=("TD601",), check=_check_missing,
+))
+
+
+def _check_not_a_directory(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for e in _entries(facts):
+        if e.get("exists") is True and e.get("is_dir") is False:
+            yield Hit({"path": _name(e)}, (ev("path", "exists, not a directory", f"stat({_name(e)})"),))
+
+
+TD603 = register(Code(
+    code="TD603", name="path-not-a-directory", family="checkpoint-io", severity=Severity.ERROR, area="storage",
+    title="A path given as a directory is a file",
+    message="{path} exists but is not a directory; saving `{path}/<name>.pt` fails with NotADirectoryError.",
+    fix="Pass the directory that should hold checkpoints and logs (not a file in it), or move the file away: "
+        "`mv {path} {path}.old && mkdir -p {path}`.",
+    meaning="--path names the directories a run writes into; this one is an existing file (or a link to one).",
+    why="A checkpoint file name passed where a directory was expected, or an earlier run that wrote a file there.",
+    false_positives="None when the path really is meant as a directory.",
+    related=("TD601",), check=_check_not_a_directory,
+))
+
+
+# -- TD604-TD605: writability -------------------------------------------------------------------
+def _check_not_writable(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    euid = facts.get("paths.euid", "?")
+    for e in _entries(facts):
+        exists_dir = e.get("exists") is True and e.get("is_dir") is True
+        if not (exists_dir or e.get("stat_error")):
+            continue
+        wt = _failed(e)
+        if not wt or wt.get("errno") in ("EROFS", *_SPACE_ERRNOS):
+            continue
+        owner = _sub(e, "owner")
+        evidence = [_ev_write(e), ev("process uid", euid, "geteuid()")]
+        if owner:
+            evidence.append(ev("owner and mode", f"{owner.get('uid')}:{owner.get('gid')} {owner.get('mode')}",
+                               f"stat({_name(e)})"))
+        yield Hit(
+            {"path": _name(e), "euid": euid, "step": wt.get("step"), "errno": wt.get("errno"),
+             "strerror": wt.get("message"), "remedy": _remedy(wt.get("errno"), e, _name(e))},
+            tuple(evidence),
+        )
+
+
+TD604 = register(Code(
+    code="TD604", name="path-not-writable", family="checkpoint-io", severity=Severity.ERROR, area="storage",
+    title="This process cannot write in a path the run writes",
+    message="{path} is not writable by uid {euid}: creating a file there failed at {step}() with {errno} ({strerror}).",
+    fix="Make the directory writable for the user that trains, or write elsewhere. Here: {remedy}.",
+    meaning="A real write test (create, write, fsync and remove a uniquely named file) failed. Root ignores mode "
+            "bits, so only a real write tells; EACCES is a permission problem, EPERM even for root means an "
+            "immutable/append-only attribute or a security module.",
+    why="Directories created by another user or by root in a container image, volumes mounted with another owner, "
+        "`chattr +i`, SELinux labels on bind mounts, stale NFS handles.",
+    false_positives="The training job may run as another user than this check (e.g. root here, a service account in "
+                    "the job).",
+    related=("TD601", "TD605", "TD606"), check=_check_not_writable,
+))
+
+
+def _read_only_how(e: dict[str, Any]) -> str | None:
+    if _mount(e) and e.get("mount_read_only"):
+        return "its mount options include ro"
+    if _fs(e).get("read_only"):
+        return "statvfs() reports ST_RDONLY"
+    if _errno(e) == "EROFS":
+        return "a write failed with EROFS (Read-only file system)"
+    return None
+
+
+def _check_read_only(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for e in _entries(facts):
+        how = _read_only_how(e)
+        if how is None:
+            continue
+        m = _mount(e)
+        yield Hit(
+            {"path": _name(e), "how": how, "mount_point": m.get("mount_point", "its mount"),
+             "fstype": m.get("fstype", "unknown type")},
+            (_ev_mount(e), _ev_write(e)) if m else (_ev_write(e),),
+        )
+
+
+TD605 = register(Code(
+    code="TD605", name="path-read-only-mount", family="checkpoint-io", severity=Severity.ERROR, area="storage",
+    title="A path the run writes is on a read-only mount",
+    message="{path} is on a read-only mount ({mount_point}, {fstype}): {how}.",
+    fix="Write to a writable volume, or make this one writable: Docker `-v SRC:{mount_point}` without `:ro`; "
+        "Kubernetes `readOnly: false` on the volumeMount (ConfigMap, Secret and projected volumes are always "
+        "read-only); on a host `sudo mount -o remount,rw {mount_point}` (after `dmesg` and fsck if the kernel "
+        "remounted it read-only because of I/O errors).",
+    meaning="Every write under this mount fails with EROFS (OSError: [Errno 30] Read-only file system).",
+    why="Read-only bind mounts and container volumes, dataset mounts shared read-only, or a file system the kernel "
+        "switched to read-only after errors (`errors=remount-ro`).",
+    false_positives="A data directory that is only read is fine on a read-only mount; pass --path only for "
+                    "directories the run writes.",
+    related=("TD604", "TD601"), check=_check_read_only,
+))
+
+
+# -- TD606-TD609: space and inodes --------------------------------------------------------------
+def _check_disk_full(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for e in _entries(facts):
+        wt = _failed(e)
+        if not wt or wt.get("errno") not in _SPACE_ERRNOS:
+            continue
+        fs = _fs(e)
+        if wt["errno"] == "EDQUOT":
+            detail = "the disk quota of this user, group or project on this file system is used up"
+        elif fs.get("inodes_free") == 0:
+            detail = f"no inodes are left (0 of {fs.get('inodes_total')}) although {human_bytes(fs.get('free_bytes'))} is free"
+        else:
+            detail = f"{human_bytes(fs.get('free_bytes'))} of {human_bytes(fs.get('total_bytes'))} is free"
+        yield Hit(
+            {"path": _name(e), "where": wt.get("where"), "errno": wt["errno"], "strerror": wt.get("message"),
+             "detail": detail, **{k: v for k, v in _group_values([e]).items() if k in ("mount_point", "top")}},
+            (_ev_write(e), _ev_space(e), ev("inodes free", fs.get("inodes_free"), f"statvfs({fs.get('checked_at')})")),
+        )
+
+
+TD606 = register(Code(
+    code="TD606", name="path-disk-full", family="checkpoint-io", severity=Severity.ERROR, area="storage",
+    title="A path the run writes has no space left (or its quota is used up)",
+    message="{path}: writing one byte in {where} failed with {errno} ({strerror}); {detail}.",
+    fix="Free space first: `du -xsh {top} | sort -h | tail`, delete old checkpoints and keep only the last "
+        "few (Lightning `save_top_k`, Hugging Face `save_total_limit`), or write to a larger volume. EDQUOT: "
+        "`quota -s` (Lustre: `lfs quota -u $USER {mount_point}`). No inodes: `df -i {mount_point}`.",
+    meaning="Not even one byte can be written: torch.save fails with `OSError: [Errno 28] No space left on device` "
+            "(or 122, quota exceeded) and may leave an empty or truncated file that later fails to load with "
+            "`PytorchStreamReader failed reading zip archive: failed finding central directory`.",
+    why="Checkpoints accumulate (every epoch, with optimizer state), logs and caches grow, quotas are per user or "
+        "project, and many small files can use up the inodes before the space.",
+    false_positives="A directory that is only read is unaffected.",
+    related=("TD607", "TD609"), check=_check_disk_full,
+))
+
+
+def _group_values(group: list[dict[str, Any]]) -> dict[str, Any]:
+    fs = _fs(group[0])
+    mp = _mount(group[0]).get("mount_point") or fs.get("checked_at") or "/"
+    return {"paths": ", ".join(_name(e) for e in group), "free": human_bytes(fs.get("free_bytes")),
+            "total": human_bytes(fs.get("total_bytes")), "mount_point": mp, "top": mp.rstrip("/") + "/*"}
+
+
+def _space_groups(facts: Facts) -> Iterator[list[dict[str, Any]]]:
+    """Directories (existing or to be created) grouped by file system, skipping those TD606 reports as full."""
+    for group in _groups([e for e in _entries(facts) if e.get("is_dir") is not False]):
+        if _fs(group[0]).get("free_bytes") is None or any(_errno(e) in _SPACE_ERRNOS for e in group):
+            continue
+        yield group
+
+
+def _check_below_expected(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    if not opts.expect_bytes:
+        return
+    for group in _space_groups(facts):
+        free, need = _fs(group[0])["free_bytes"], opts.expect_bytes * len(group)
+        if free >= need:
+            continue
+        arithmetic = f"--expect-bytes {human_bytes(opts.expect_bytes)}" + (
+            f" × {len(group)} paths on this file system" if len(group) > 1 else "")
+        yield Hit(
+            {**_group_values(group), "need": human_bytes(need), "arithmetic": arithmetic,
+             "short": human_bytes(need - free)},
+            (_ev_space(group[0]), ev("expected writes", arithmetic, "--expect-bytes")),
+        )
+
+
+TD607 = register(Code(
+    code="TD607", name="path-space-below-expected", family="checkpoint-io", severity=Severity.ERROR, area="storage",
+    title="Less space is free than the run expects to write",
+    message="{paths}: {free} free of {total} on {mount_point}, but the run will write {need} ({arithmetic}).",
+    fix="Free at least {short} on {mount_point} (`du -xsh {top} | sort -h | tail`), keep fewer "
+        "checkpoints (Lightning `save_top_k`, Hugging Face `save_total_limit`), or use a volume with {need} free.",
+    meaning="The space the run is expected to write (--expect-bytes per --path, summed over the paths that share a "
+            "file system) does not fit in what is free now.",
+    why="The disk fills part-way through training; the checkpoint being written is truncated and later fails to load "
+        "with `PytorchStreamReader failed reading zip archive`.",
+    false_positives="--expect-bytes is your estimate; other jobs may free or take space meanwhile. Free space is "
+                    "what unprivileged users may use (root may also use the reserved blocks).",
+    related=("TD606", "TD608"), check=_check_below_expected,
+))
+
+
+def _check_space_low(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    if opts.expect_bytes:
+        return
+    for group in _space_groups(facts):
+        if _fs(group[0])["free_bytes"] < LOW_SPACE_FLOOR:
+            yield Hit({**_group_values(group), "floor": human_bytes(LOW_SPACE_FLOOR)}, (_ev_space(group[0]),))
+
+
+TD608 = register(Code(
+    code="TD608", name="path-space-low", family="checkpoint-io", severity=Severity.WARNING, area="storage",
+    title="Little space is free where the run writes",
+    message="{paths}: only {free} free of {total} on {mount_point} (below {floor}); one checkpoint with optimizer "
+            "state is often larger.",
+    fix="Tell torchdoctor what the run writes with `--expect-bytes` (e.g. 3 × one checkpoint) to get a precise "
+        "check, then free space (`du -xsh {top} | sort -h | tail`) or choose another volume.",
+    meaning="No --expect-bytes was given, and free space is below a floor that a single modern checkpoint exceeds.",
+    why="Leftover checkpoints, caches and logs; small root disks and container layers.",
+    false_positives="Jobs that save small models or only logs need far less; pass --expect-bytes to judge exactly.",
+    related=("TD607", "TD606"), check=_check_space_low,
+))
+
+
+def _check_inodes(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for group in _groups([e for e in _entries(facts) if e.get("is_dir") is not False]):
+        fs = _fs(group[0])
+        free, total = fs.get("inodes_free"), fs.get("inodes_total")
+        if free is None or not total or any(_errno(e) in _SPACE_ERRNOS for e in group):
+            continue
+        if free > 0 and (free >= INODES_LOW_ABS or free >= total * INODES_LOW_FRACTION):
+            continue
+        yield Hit(
+            {**_group_values(group), "inodes_free": free, "inodes_total": total, "pct": f"{100 * free / total:.1f}%"},
+            (ev("inodes free", f"{free} of {total}", f"statvfs({fs.get('checked_at')})"),),
+            severity=Severity.ERROR if free == 0 else None,
+        )
+
+
+TD609 = register(Code(
+    code="TD609", name="path-inodes-low", family="checkpoint-io", severity=Severity.WARNING, area="storage",
+    title="A file system the run writes has almost no free inodes",
+    message="{paths}: {inodes_free} of {inodes_total} inodes free ({pct}) on {mount_point}; creating files fails "
+            "with ENOSPC when they run out, however much space is free.",
+    fix="Find the directories with many small files (`du --inodes -x {mount_point} | sort -n | tail`), remove them "
+        "or pack them into archives or shards (tar, WebDataset, one LMDB/HDF5 file).",
+    meaning="Every file and directory takes an inode; a file system created with a fixed inode count can run out "
+            "while `df -h` still shows space.",
+    why="Datasets unpacked as millions of small files, per-step log or image dumps, package caches.",
+    false_positives="Fires only below both 50,000 free inodes and 5% of the total; a run that creates few files "
+                    "may still fit.",
+    related=("TD606",), check=_check_inodes,
+))
+
+
+# -- TD610-TD612: what kind of file system ------------------------------------------------------
+def lock_note(fstype: str, options: list[str]) -> str:
+    """What file locks do on this mount, from its type and options (nfs(5), the Lustre client README)."""
+    opts = set(options)
+    if fstype.startswith("nfs"):
+        if "nolock" in opts or "local_lock=all" in opts:
+            return "file locks are local to this node (nolock/local_lock=all): a lock taken here does not exclude other nodes"
+        if "local_lock=flock" in opts:
+            return "flock() locks, which filelock.FileLock uses, are local to this node (local_lock=flock)"
+        return ("locks go through the NFS server and are lost when it restarts; other nodes see a renamed or rewritten "
+                "file only after their attribute cache expires, and files deleted while open linger as .nfsXXXX "
+                "(`rmtree` then fails with EBUSY)")
+    if fstype == "lustre":
+        if "localflock" in opts:
+            return "locks are local to this node (localflock): they do not exclude other nodes"
+        if "noflock" in opts:
+            return "flock()/fcntl() locks fail with ENOSYS (noflock)"
+        if "flock" in opts:
+            return "locks are coherent across nodes (flock), but many ranks creating or opening files hammer the metadata server"
+        return "the mount options do not show flock: locks may be refused (ENOSYS) or only local to this node"
+    if fstype == "fuse" or fstype.startswith("fuse."):
+        return ("its FUSE daemon decides what locks, rename and fsync do; object-store mounts (s3fs, gcsfuse, "
+                "mountpoint-s3, blobfuse) rename by copy and delete or not at all and may refuse appends")
+    return "whether locks and renames are coherent across nodes depends on this file system's client"
+
+
+def _by_mount(facts: Facts, kinds: tuple[str, ...]) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in _entries(facts):
+        if e.get("fs_kind") in kinds and _mount(e).get("mount_point"):
+            groups.setdefault(_mount(e)["mount_point"], []).append(e)
+    for entries in groups.values():
+        yield _mount(entries[0]), entries
+
+
+def _check_network(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for m, entries in _by_mount(facts, ("network", "fuse")):
+        note = lock_note(str(m.get("fstype") or ""), [str(o) for o in m.get("options") or []])
+        kind = "FUSE" if entries[0].get("fs_kind") == "fuse" else "network"
+        yield Hit(
+            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.get("fstype"), "kind": kind,
+             "source": m.get("source"), "mount_point": m.get("mount_point"), "lock_note": note},
+            (_ev_mount(entries[0]), ev("locks", note, "mount type and options")),
+        )
+
+
+TD610 = register(Code(
+    code="TD610", name="path-network-filesystem", family="concurrent-write", severity=Severity.WARNING, area="storage",
+    title="A path the run writes is on a network or FUSE file system",
+    message="{paths} on {fstype} ({kind}) from {source} at {mount_point}: {lock_note}.",
+    fix="Write each file from one process (rank 0, or per-rank file names); save to a temporary name and "
+        "`os.replace(tmp, final)` in the same directory, or to local disk and copy; use torch.distributed.checkpoint "
+        "for sharded saves. `filelock.FileLock` excludes other nodes only where locks are coherent; `SoftFileLock` "
+        "(an O_EXCL marker file) works more widely but a crashed job leaves the marker behind.",
+    meaning="Several nodes or ranks writing, locking or renaming the same files on a shared file system is where "
+            "checkpoints get corrupted or lost, and where file locks silently stop excluding anyone.",
+    why="Network clients cache attributes and data (NFS close-to-open consistency), lock support depends on mount "
+        "options, object-store FUSE mounts are not POSIX, and a hard-mounted server outage hangs every writer.",
+    false_positives="A single process writing its own files on a healthy network mount is usually fine; the risk "
+                    "is concurrent writers, locks and renames.",
+    related=("TD613", "TD611"), check=_check_network,
+))
+
+
+def _check_overlay(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    in_container = facts.get("host.container.in_container")
+    for m, entries in _by_mount(facts, ("overlay",)):
+        yield Hit(
+            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.get("fstype"), "mount_point": m.get("mount_point"),
+             "where": "this container's writable layer" if in_container else "an overlay (union) file system"},
+            (_ev_mount(entries[0]), ev("container", facts.get("host.container.kind") or bool(in_container), "host.container")),
+        )
+
+
+TD611 = register(Code(
+    code="TD611", name="path-overlay-filesystem", family="checkpoint-io", severity=Severity.WARNING, area="storage",
+    title="A path the run writes is on a container's overlay layer",
+    message="{paths} is on {where} ({fstype} at {mount_point}): what is written there is lost when the container is "
+            "removed and fills the node's container storage.",
+    fix="Mount a volume for checkpoints and logs and write there: `docker run -v /data/ckpt:/ckpt ...`, a "
+        "Kubernetes PersistentVolumeClaim (or hostPath/emptyDir with a sizeLimit), or the job's scratch directory.",
+    meaning="The directory is not on a volume but in the container's copy-on-write upper layer.",
+    why="Images that write to their working directory; Kubernetes evicts pods whose writable layer passes their "
+        "ephemeral-storage limit; renaming a directory that came from an image layer can fail with EXDEV.",
+    false_positives="Small logs and scratch files that may be lost are fine on the overlay layer.",
+    related=("TD612", "TD610"), check=_check_overlay,
+))
+
+
+def _check_memory(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for m, entries in _by_mount(facts, ("memory",)):
+        yield Hit(
+            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.get("fstype"), "mount_point": m.get("mount_point"),
+             "total": human_bytes(_fs(entries[0]).get("total_bytes"))},
+            (_ev_mount(entries[0]), _ev_space(entries[0])),
+        )
+
+
+TD612 = register(Code(
+    code="TD612", name="path-memory-filesystem", family="checkpoint-io", severity=Severity.INFO, area="storage",
+    title="A path the run writes is held in RAM (tmpfs)",
+    message="{paths} is on {fstype} at {mount_point} (at most {total}): files there live in RAM, count against the "
+            "memory limit of the writing container, and are gone after a reboot.",
+    fix="Write checkpoints to a disk-backed volume; keep tmpfs for scratch data you can afford to lose.",
+    meaning="tmpfs and ramfs keep file contents in memory (or swap).",
+    why="/tmp is a tmpfs on many distributions, and /dev/shm is one everywhere; tmpfs pages are charged to the "
+        "cgroup of the process that wrote them.",
+    false_positives="Intentional RAM staging of small or throw-away files.",
+    related=("TD611",), check=_check_memory,
+))
+
+
+def _check_unresponsive(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    for e in _entries(facts):
+        if e.get("timed_out"):
+            yield Hit({"path": _name(e), "seconds": e.get("timeout_seconds")},
+                      (ev("examining the path", f"no answer within {e.get('timeout_seconds')} s", "stat, statvfs, write test"),))
+
+
+TD613 = register(Code(
+    code="TD613", name="path-unresponsive", family="checkpoint-io", severity=Severity.WARNING, area="storage",
+    title="A path the run writes does not answer",
+    message="{path}: stat, statvfs and a one-byte write did not finish within {seconds} s.",
+    fix="Check the mount with a timeout: `timeout 10 stat -f {path}`, `dmesg | grep -i 'not responding'`; fix the "
+        "server or network, or remount, before starting the run.",
+    meaning="Something under the path blocks: typically a hard-mounted network file system whose server does not "
+            "answer, which leaves every process touching it in uninterruptible sleep (D state).",
+    why="NFS/Lustre server outages, network partitions, stale FUSE daemons.",
+    false_positives="A very slow but healthy file system under heavy load can exceed the deadline once.",
+    related=("TD610",), check=_check_unresponsive,
+))

@@ -61,3 +61,13 @@ def test_redaction_and_anonymisation() -> None:
     assert red["PATH"] == "/bin" and "u:p" not in red["URL"]
     assert anonymise("GPU-1234") == anonymise("GPU-1234") != anonymise("GPU-1235")
     assert "1234" not in anonymise("GPU-1234")
+
+
+def test_gpu_uuids_in_device_lists_are_anonymised() -> None:
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-8a3c2f1e-1234-5678-9abc-def012345678,MIG-4f1a2b3c-aaaa-bbbb-cccc-111122223333",
+           "OTHER": "GPU-8a3c2f1e-1234-5678-9abc-def012345678"}
+    red = redact_env(env)
+    assert "8a3c2f1e" not in red["CUDA_VISIBLE_DEVICES"] and "4f1a2b3c" not in red["CUDA_VISIBLE_DEVICES"]
+    assert red["CUDA_VISIBLE_DEVICES"].startswith("GPU-anon-") and ",MIG-anon-" in red["CUDA_VISIBLE_DEVICES"]
+    assert redact_env(env, gpu_ids=False)["CUDA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"]
+    assert red["CUDA_VISIBLE_DEVICES"] == redact_env(env)["CUDA_VISIBLE_DEVICES"]  # stable

@@ -59,5 +59,5 @@ def gather(ctx: GatherContext) -> dict[str, Any]:
         "pid": os.getpid(),
         "uid": os.getuid() if hasattr(os, "getuid") else None,
         "container": detect_container(ctx),
-        "env": redact_env(ctx.env),
+        "env": redact_env(ctx.env, gpu_ids=not ctx.show_uuids),
     }

@@ -21,8 +21,26 @@ def redact_value(value: str) -> str:
     return _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", value)
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret_name(k) else redact_value(v)) for k, v in sorted(env.items())}
+_GPU_ID = re.compile(r"\b(?:GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f/-]*")
+GPU_ID_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def anonymise_gpu_ids(value: str) -> str:
+    """Replace GPU/MIG UUIDs in a device list with stable stand-ins (prefix kept for readability)."""
+    return _GPU_ID.sub(lambda m: f"{m.group(0)[:3]}-{anonymise(m.group(0))}", value)
+
+
+def redact_env(env: Mapping[str, str], gpu_ids: bool = True) -> dict[str, str]:
+    """Secrets by name replaced; credentials in URLs removed; GPU UUIDs anonymised when ``gpu_ids``."""
+    out = {}
+    for k, v in sorted(env.items()):
+        if is_secret_name(k):
+            out[k] = REDACTED
+        elif gpu_ids and k in GPU_ID_VARIABLES:
+            out[k] = anonymise_gpu_ids(v)
+        else:
+            out[k] = redact_value(v)
+    return out
 
 
 def anonymise(identifier: str, salt: str = "torchdoctor") -> str:

@@ -1,0 +1,506 @@
+"""TD30x: GPUs: is there one, can this process have it, how much of it is left, and does the
+driver fit the torch build. Judged from the ``gpu`` section (NVML / nvidia-smi), ``torch`` and the
+launcher's variables in ``host.env``; nothing here creates a CUDA context."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from ..facts import Facts
+from ..model import Evidence, Severity
+from ..options import CheckOptions
+from ..registry import Code, Hit, register
+from ._util import ev, human_bytes
+
+LOW_FREE = 0.5
+"""A visible GPU with less than this fraction of its memory free is reported (warning)."""
+VERY_LOW_FREE = 0.1
+"""Below this fraction the report is an error: almost any model will hit CUDA out of memory."""
+BUSY_PERCENT = 50
+NVSMI = "nvidia-smi / NVML"
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+# -- helpers (pure) --------------------------------------------------------------------------------
+
+def _devices(facts: Facts) -> list[dict[str, Any]]:
+    return [d for d in facts.get("gpu.devices", []) if isinstance(d, dict)]
+
+
+def _visible(facts: Facts) -> list[dict[str, Any]]:
+    """The devices CUDA will enumerate for this process, in CUDA's order."""
+    devices = _devices(facts)
+    vis = facts.get("gpu.visible") or {}
+    if not vis.get("env_set"):
+        return devices
+    by_index = {d.get("index"): d for d in devices}
+    return [by_index[i] for i in vis.get("visible_indices", []) if i in by_index]
+
+
+def _label(dev: dict[str, Any]) -> str:
+    return f"GPU {dev.get('index')} ({dev.get('name') or 'unknown model'})"
+
+
+def _foreign(facts: Facts, dev: dict[str, Any], compute_only: bool = True) -> list[dict[str, Any]]:
+    own = facts.get("host.pid")
+    return [p for p in dev.get("processes") or [] if p.get("pid") != own
+            and (not compute_only or "C" in str(p.get("type") or "C"))]
+
+
+def _procs_text(procs: list[dict[str, Any]]) -> str:
+    parts = []
+    for p in procs[:4]:
+        mem = f", {human_bytes(p['used_memory_bytes'])}" if p.get("used_memory_bytes") is not None else ""
+        parts.append(f"pid {p.get('pid')} {p.get('name') or '?'}{mem}")
+    more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
+    return "; ".join(parts) + more
+
+
+def _env_int(facts: Facts, *names: str) -> tuple[int | None, str | None]:
+    for name in names:
+        raw = facts.get(f"host.env.{name}")
+        if raw is None:
+            continue
+        try:
+            return int(str(raw).strip()), name
+        except ValueError:
+            continue
+    return None, None
+
+
+def _slurm_tasks_here(facts: Facts) -> int | None:
+    """Tasks on this node from SLURM_TASKS_PER_NODE (``"4(x2),3"``) and SLURM_NODEID."""
+    raw, node = facts.get("host.env.SLURM_TASKS_PER_NODE"), facts.get("host.env.SLURM_NODEID", "0")
+    if not raw or not str(node).isdigit():
+        return None
+    counts: list[int] = []
+    for token in str(raw).split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", token)
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[int(node)] if int(node) < len(counts) else None
+
+
+def _local_world(facts: Facts, opts: CheckOptions) -> tuple[int | None, str | None]:
+    if opts.nproc_per_node:
+        return opts.nproc_per_node, "--nproc-per-node"
+    n, src = _env_int(facts, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+    if n is not None:
+        return n, src
+    tasks = _slurm_tasks_here(facts)
+    return (tasks, "SLURM_TASKS_PER_NODE") if tasks is not None else (None, None)
+
+
+def _cuda_visible_ev(facts: Facts) -> Evidence:
+    vis = facts.get("gpu.visible") or {}
+    return ev("CUDA_VISIBLE_DEVICES", vis.get("value") if vis.get("env_set") else "(not set: all GPUs)", "environment")
+
+
+def _version(text: Any) -> tuple[int, int] | None:
+    m = re.match(r"^\s*(\d+)\.(\d+)", str(text or ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# -- TD301 -----------------------------------------------------------------------------------------
+
+def _check_no_gpu(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    gpu = facts.section("gpu")
+    if not gpu:
+        why = facts.why_unknown("gpu")
+        if why:
+            yield Hit({"reason": f"the GPU facts could not be read ({why})"}, (ev("gpu facts", "unknown", why),))
+        return
+    if gpu.get("available"):
+        return
+    reason = gpu.get("reason") or "no GPU found"
+    evidence = [ev("NVML / nvidia-smi", reason, gpu.get("source") or "nvmlInit, nvidia-smi on PATH")]
+    if facts.get("torch.cuda_build"):
+        evidence.append(ev("torch build", f"CUDA {facts.get('torch.cuda')}", "torch/version.py"))
+    yield Hit({"reason": reason}, tuple(evidence))
+
+
+TD301 = register(Code(
+    code="TD301", name="gpu-not-found", family="gpu-unavailable", severity=Severity.INFO, area="gpu",
+    title="No NVIDIA GPU is usable on this machine",
+    message="No NVIDIA GPU is usable here: {reason}. CUDA code will run on CPU or fail with "
+            "'Found no NVIDIA driver on your system' / 'No CUDA GPUs are available'.",
+    fix="Nothing to do for a CPU-only run. If this machine should have a GPU: `nvidia-smi` must list it; in Docker "
+        "start the container with `--gpus all` (NVIDIA Container Toolkit), in Kubernetes request `nvidia.com/gpu`, "
+        "under Slurm request GPUs (`--gpus-per-node=N` or `--gres=gpu:N`).",
+    meaning="NVML, the NVIDIA management library that nvidia-smi uses, could not be loaded or reports no GPU, so "
+            "no CUDA program in this environment can use one.",
+    why="No NVIDIA driver is installed, the kernel module is not loaded, or the container was started without the "
+        "NVIDIA runtime so neither the library nor /dev/nvidia* are inside it.",
+    false_positives="Machines with only AMD (ROCm) or other accelerators are reported as having no NVIDIA GPU.",
+    related=("TD302", "TD308"), check=_check_no_gpu,
+))
+
+
+# -- TD302 -----------------------------------------------------------------------------------------
+
+def _check_cpu_build(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    if not facts.get("gpu.available") or not facts.get("torch.installed"):
+        return
+    if facts.get("torch.cuda_build") is not False or facts.get("torch.hip"):
+        return
+    count, driver = facts.get("gpu.device_count", 0), facts.get("gpu.cuda_driver_version") or "unknown"
+    yield Hit(
+        {"version": facts.get("torch.version") or "?", "count": count, "driver_cuda": driver},
+        (ev("torch", f"{facts.get('torch.version')} (no CUDA libraries)", "torch/version.py, torch/lib"),
+         ev("GPUs", count, NVSMI), ev("driver supports CUDA", driver, NVSMI)),
+    )
+
+
+TD302 = register(Code(
+    code="TD302", name="torch-cpu-build-with-gpu", family="gpu-unavailable", severity=Severity.WARNING, area="gpu",
+    title="torch is a CPU-only build on a machine with GPUs",
+    message="torch {version} has no CUDA support but this machine has {count} NVIDIA GPU(s) (driver supports CUDA "
+            "{driver_cuda}); torch.cuda.is_available() is False and `.cuda()` raises 'Torch not compiled with CUDA "
+            "enabled'.",
+    fix="Install a CUDA build of torch for CUDA {driver_cuda} or older: `pip install torch --index-url "
+        "https://download.pytorch.org/whl/cu<NNN>` with a cu<NNN> listed on https://pytorch.org/get-started/locally/, "
+        "then check `python -c 'import torch; print(torch.version.cuda, torch.cuda.is_available())'`.",
+    meaning="The installed torch wheel contains no CUDA kernels, so every model stays on the CPU.",
+    why="`pip install torch` from an index or platform that serves CPU wheels, a CPU-only conda package, or a "
+        "requirements file pinned to a `+cpu` version.",
+    false_positives="Jobs that deliberately run on CPU (data preparation, evaluation) on a GPU node.",
+    related=("TD301", "TD311"), check=_check_cpu_build,
+))
+
+
+# -- TD303 / TD304 compute modes --------------------------------------------------------------------
+
+def _check_exclusive_busy(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    visible = _visible(facts)
+    busy = [(d, _foreign(facts, d)) for d in visible if d.get("compute_mode") == "Exclusive_Process"]
+    busy = [(d, procs) for d, procs in busy if procs]
+    if not busy:
+        return
+    every = len(busy) == len(visible)
+    yield Hit(
+        {"gpus": ", ".join(_label(d) for d, _ in busy), "n_busy": len(busy), "n_visible": len(visible),
+         "effect": "so the first CUDA call fails" if every else "so using one of them fails",
+         "index": busy[0][0].get("index"), "pids": ", ".join(str(p["pid"]) for _, ps in busy for p in ps[:4])},
+        tuple(ev(f"{_label(d)} compute mode", f"Exclusive_Process, held by {_procs_text(ps)}", NVSMI) for d, ps in busy)
+        + (_cuda_visible_ev(facts),),
+    )
+
+
+TD303 = register(Code(
+    code="TD303", name="gpu-exclusive-busy", family="gpu-unavailable", severity=Severity.ERROR, area="gpu",
+    title="A GPU in Exclusive_Process mode is already held by another process",
+    message="{n_busy} of {n_visible} visible GPU(s) are in Exclusive_Process compute mode and already have a CUDA "
+            "context from another process ({gpus}), {effect} with 'all CUDA-capable devices are busy or unavailable' "
+            "(newer CUDA: 'CUDA-capable device(s) is/are busy or unavailable').",
+    fix="Use GPUs nobody holds: list them with `nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name "
+        "--format=csv` and set `CUDA_VISIBLE_DEVICES` accordingly; or stop the holder (pid {pids}) if it is yours; "
+        "or have an admin allow sharing: `sudo nvidia-smi -i {index} -c DEFAULT`.",
+    meaning="In Exclusive_Process mode a GPU accepts CUDA contexts from one process at a time; every other process "
+            "is refused.",
+    why="Clusters set exclusive mode so that jobs cannot share a GPU by accident; a leftover or concurrent process "
+        "(another user's job, a notebook, a zombie from a killed run) still owns the GPU.",
+    false_positives="NVML lists processes by host PID; inside a container the holder may be one of your own "
+                    "processes under another PID. A process that exits before the run starts frees the GPU.",
+    related=("TD304", "TD305"), check=_check_exclusive_busy,
+))
+
+
+def _check_prohibited(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    bad = [d for d in _visible(facts) if d.get("compute_mode") == "Prohibited"]
+    if bad:
+        yield Hit({"gpus": ", ".join(_label(d) for d in bad), "indices": ",".join(str(d.get("index")) for d in bad)},
+                  tuple(ev(f"{_label(d)} compute mode", "Prohibited", NVSMI) for d in bad) + (_cuda_visible_ev(facts),))
+
+
+TD304 = register(Code(
+    code="TD304", name="gpu-compute-prohibited", family="gpu-unavailable", severity=Severity.ERROR, area="gpu",
+    title="A visible GPU is in Prohibited compute mode",
+    message="{gpus} in Prohibited compute mode: no process may create a CUDA context on it, so CUDA calls fail "
+            "with 'CUDA-capable device(s) is/are busy or unavailable'.",
+    fix="Hide it (`CUDA_VISIBLE_DEVICES` without index {indices}) or have an admin re-enable it: "
+        "`sudo nvidia-smi -i {indices} -c DEFAULT`.",
+    meaning="Prohibited compute mode disables CUDA on the GPU entirely (display or maintenance use).",
+    why="An administrator drained the GPU, or a node health script took it out of service.",
+    false_positives="None known: while the mode is set, CUDA cannot use the GPU.",
+    related=("TD303",), check=_check_prohibited,
+))
+
+
+# -- TD305 / TD306 memory and utilisation held by others ---------------------------------------------
+
+def _check_memory_taken(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    low: list[tuple[dict[str, Any], float]] = []
+    own = facts.get("host.pid")
+    for dev in _visible(facts):
+        mem = dev.get("memory") or {}
+        total, free = mem.get("total_bytes"), mem.get("free_bytes")
+        if not total or free is None:
+            continue
+        # Memory this very process holds (torchdoctor called from inside a run) is not taken by others.
+        free += sum(p.get("used_memory_bytes") or 0 for p in dev.get("processes") or [] if p.get("pid") == own)
+        if free / total < LOW_FREE:
+            low.append((dev, free / total))
+    if not low:
+        return
+    worst = min(frac for _, frac in low)
+    evidence = []
+    for dev, frac in low:
+        mem, procs = dev["memory"], _foreign(facts, dev, compute_only=False)
+        held = _procs_text(procs) if procs else "no process listed (other container, or MIG/vGPU)"
+        evidence.append(ev(f"{_label(dev)} free", f"{human_bytes(mem['free_bytes'])} of {human_bytes(mem['total_bytes'])} "
+                           f"({frac:.0%}); held by {held}", NVSMI))
+    first = low[0][0]["memory"]
+    yield Hit(
+        {"n_low": len(low), "n_visible": len(_visible(facts)), "worst": f"{worst:.0%}",
+         "example": f"{_label(low[0][0])} has {human_bytes(first['free_bytes'])} free of {human_bytes(first['total_bytes'])}"},
+        tuple(evidence) + (_cuda_visible_ev(facts),),
+        severity=Severity.ERROR if worst < VERY_LOW_FREE else None,
+    )
+
+
+TD305 = register(Code(
+    code="TD305", name="gpu-memory-held-by-others", family="cuda-oom", severity=Severity.WARNING, area="gpu",
+    title="Most of a visible GPU's memory is already taken",
+    message="{n_low} of {n_visible} visible GPU(s) have less than half their memory free (lowest {worst}); {example}. "
+            "Allocations beyond that fail with 'CUDA out of memory. Tried to allocate ...'.",
+    fix="Choose GPUs with free memory (`nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv`) through "
+        "`CUDA_VISIBLE_DEVICES`, stop the processes listed in the evidence if they are yours (stale runs, notebooks), "
+        "or shrink the run to fit (smaller batch, activation checkpointing, mixed precision).",
+    meaning="Memory other processes hold on a GPU is not available to this run; CUDA does not wait for it.",
+    why="Several jobs or users share the GPUs, a previous run left a process behind, or the scheduler does not "
+        "isolate GPUs (no cgroup device constraint), so CUDA_VISIBLE_DEVICES points at a GPU in use.",
+    false_positives="A small model may still fit in what is left. Memory NVML attributes to this process is not "
+                    "counted as taken; inside a container NVML may not list other containers' processes at all.",
+    related=("TD303", "TD306", "TD310"), check=_check_memory_taken,
+))
+
+
+def _check_busy(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    busy = [(d, _foreign(facts, d)) for d in _visible(facts)
+            if (d.get("utilization") or {}).get("gpu_percent") is not None
+            and d["utilization"]["gpu_percent"] >= BUSY_PERCENT]
+    busy = [(d, ps) for d, ps in busy if ps]
+    if busy:
+        yield Hit({"n_busy": len(busy), "gpus": ", ".join(f"{_label(d)} at {d['utilization']['gpu_percent']}%" for d, _ in busy)},
+                  tuple(ev(f"{_label(d)} utilisation", f"{d['utilization']['gpu_percent']}% with {_procs_text(ps)}", NVSMI)
+                        for d, ps in busy))
+
+
+TD306 = register(Code(
+    code="TD306", name="gpu-busy-with-others", family="gpu-unavailable", severity=Severity.INFO, area="gpu",
+    title="Visible GPUs are busy with other processes' work",
+    message="{n_busy} visible GPU(s) are computing for other processes ({gpus}); this run will share their time "
+            "and be slower than expected.",
+    fix="Pick idle GPUs via `CUDA_VISIBLE_DEVICES` (`nvidia-smi --query-gpu=index,utilization.gpu --format=csv`) "
+        "or wait for the listed processes to finish.",
+    meaning="GPU time is shared between all processes with a context on the GPU.",
+    why="A shared workstation or a scheduler without GPU isolation.",
+    false_positives="Utilisation is a sample of the last second or so; a bursty neighbour may be idle a moment later.",
+    related=("TD305",), check=_check_busy,
+))
+
+
+# -- TD307 / TD308 CUDA_VISIBLE_DEVICES ---------------------------------------------------------------
+
+def _check_visible_invalid(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    vis = facts.get("gpu.visible") or {}
+    if not facts.get("gpu.available") or not vis.get("env_set") or vis.get("hides_all") or not vis.get("invalid"):
+        return
+    count = facts.get("gpu.device_count", 0)
+    ignored = vis.get("ignored") or []
+    yield Hit(
+        {"value": vis.get("value"), "bad": vis["invalid"][0], "count": count, "last": count - 1, "seen": vis.get("count", 0),
+         "ignored": f" (and ignores {', '.join(ignored)} after it)" if ignored else ""},
+        (_cuda_visible_ev(facts), ev("GPUs on this machine", count, NVSMI),
+         ev("GPUs CUDA will see", vis.get("count", 0), "CUDA stops at the first invalid entry")),
+    )
+
+
+TD307 = register(Code(
+    code="TD307", name="cuda-visible-devices-invalid", family="gpu-unavailable", severity=Severity.ERROR, area="gpu",
+    title="CUDA_VISIBLE_DEVICES names a GPU this machine does not have",
+    message="CUDA_VISIBLE_DEVICES={value} names {bad}, which is not one of this machine's {count} GPU(s); CUDA stops "
+            "reading at that entry{ignored} and shows the process {seen} GPU(s).",
+    fix="Use indices 0-{last} or UUIDs from `nvidia-smi -L` (`export CUDA_VISIBLE_DEVICES=0,1`), or unset it to "
+        "use every GPU; under Slurm let the scheduler set it (request `--gpus-per-node=N`).",
+    meaning="CUDA enumerates the listed GPUs in order and silently drops the first invalid entry and everything "
+            "after it.",
+    why="A value copied from another machine, an index counted from 1, a UUID of a GPU that was replaced, or a "
+        "script that sets CUDA_VISIBLE_DEVICES after the scheduler already renumbered the GPUs.",
+    false_positives="Indices follow CUDA_DEVICE_ORDER; on mixed-model machines see TD312.",
+    related=("TD308", "TD309", "TD312"), check=_check_visible_invalid,
+))
+
+
+def _check_visible_hidden(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    vis = facts.get("gpu.visible") or {}
+    if facts.get("gpu.available") and vis.get("env_set") and vis.get("hides_all"):
+        yield Hit({"value": repr(vis.get("value")), "count": facts.get("gpu.device_count", 0)},
+                  (_cuda_visible_ev(facts), ev("GPUs on this machine", facts.get("gpu.device_count", 0), NVSMI)))
+
+
+TD308 = register(Code(
+    code="TD308", name="cuda-visible-devices-hides-all", family="gpu-unavailable", severity=Severity.WARNING, area="gpu",
+    title="CUDA_VISIBLE_DEVICES hides every GPU",
+    message="CUDA_VISIBLE_DEVICES={value} hides all {count} GPU(s) of this machine: torch.cuda.is_available() is False.",
+    fix="`unset CUDA_VISIBLE_DEVICES`, or set it to the GPUs to use (`export CUDA_VISIBLE_DEVICES=0`); under Slurm "
+        "request GPUs for the job (`--gpus-per-node=N`).",
+    meaning="An empty value, -1, or Slurm's NoDevFiles (a job without a GPU allocation) leave CUDA no device.",
+    why="A script hides GPUs for a CPU step and the setting leaks into the training step, or the Slurm job did not "
+        "request GPUs.",
+    false_positives="Deliberate CPU-only runs on a GPU machine.",
+    related=("TD307", "TD301"), check=_check_visible_hidden,
+))
+
+
+# -- TD309 / TD310 ranks and devices -------------------------------------------------------------------
+
+def _check_local_rank(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    if not facts.get("gpu.available"):
+        return
+    rank, var = _env_int(facts, *_LOCAL_RANK_VARS)
+    count = len(_visible(facts))
+    if rank is None or count == 0 or rank < count:
+        return
+    per_task = facts.get("host.env.SLURM_GPUS_PER_TASK") is not None
+    yield Hit(
+        {"var": var, "rank": rank, "count": count, "last": count - 1},
+        (ev(var or "local rank", rank, "environment"), ev("GPUs visible to this process", count, "CUDA_VISIBLE_DEVICES, NVML"),
+         _cuda_visible_ev(facts)),
+        severity=Severity.WARNING if per_task else None,
+    )
+
+
+TD309 = register(Code(
+    code="TD309", name="local-rank-without-gpu", family="gpu-unavailable", severity=Severity.ERROR, area="gpu",
+    title="The local rank has no GPU of its own",
+    message="{var}={rank} but this process sees {count} GPU(s) (cuda:0-cuda:{last}); "
+            "`torch.cuda.set_device({rank})` fails with 'CUDA error: invalid device ordinal'.",
+    fix="Start at most {count} processes per node (`torchrun --nproc-per-node={count}`), or give the job more GPUs. "
+        "If each task is bound to its own GPU (`srun --gpus-per-task=1`), use `cuda:0` instead of the local rank.",
+    meaning="Device ordinals are indices into the GPUs this process can see, so they must be below their count.",
+    why="More processes per node than GPUs, CUDA_VISIBLE_DEVICES narrowed per task while the code still indexes by "
+        "LOCAL_RANK, or a rank variable from another launcher.",
+    false_positives="Code that maps ranks with `local_rank % torch.cuda.device_count()` (see TD310 instead).",
+    related=("TD310", "TD307"), check=_check_local_rank,
+))
+
+
+def _check_ranks_share(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    if not facts.get("gpu.available") or facts.get("host.env.SLURM_GPUS_PER_TASK") is not None:
+        return
+    world, source = _local_world(facts, opts)
+    count = len(_visible(facts))
+    if world is None or count == 0 or world <= count:
+        return
+    nccl = facts.get("torch.backends.nccl")
+    yield Hit(
+        {"world": world, "source": source, "count": count},
+        (ev("processes on this node", world, source or ""), ev("GPUs visible to each", count, "CUDA_VISIBLE_DEVICES, NVML"),
+         ev("torch NCCL backend", {True: "available", False: "not in this build"}.get(nccl, "unknown"), "torch/lib")),
+        severity=None if nccl else Severity.WARNING,
+    )
+
+
+TD310 = register(Code(
+    code="TD310", name="ranks-share-gpu", family="nccl", severity=Severity.ERROR, area="gpu",
+    title="More ranks on this node than GPUs",
+    message="{world} processes per node ({source}) but only {count} visible GPU(s): at least two ranks end up on the "
+            "same GPU; NCCL refuses with 'Duplicate GPU detected : rank X and rank Y both on CUDA device ...' and "
+            "other backends share its memory.",
+    fix="One process per GPU: `torchrun --nproc-per-node={count}` (or `srun --ntasks-per-node={count}`), or give the "
+        "job {world} GPUs (`--gpus-per-node={world}`).",
+    meaning="NCCL needs every rank of a communicator on a distinct GPU; ncclCommInitRank fails with "
+            "ncclInvalidUsage otherwise.",
+    why="nproc-per-node set to the CPU count or a fixed number, a Slurm allocation with fewer GPUs than tasks, or "
+        "CUDA_VISIBLE_DEVICES restricted after launch.",
+    false_positives="Per-task GPU binding (each rank sees a different single GPU) cannot be seen from one process; "
+                    "jobs with SLURM_GPUS_PER_TASK are skipped.",
+    related=("TD309", "TD305"), check=_check_ranks_share,
+))
+
+
+# -- TD311 driver vs build, TD312 device order, TD313 ECC ------------------------------------------------
+
+def _check_driver_too_old(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    built, driver = _version(facts.get("torch.cuda")), _version(facts.get("gpu.cuda_driver_version"))
+    if not facts.get("gpu.available") or built is None or driver is None or driver >= built:
+        return
+    major = driver[0] < built[0]
+    yield Hit(
+        {"torch_cuda": facts.get("torch.cuda"), "driver_cuda": facts.get("gpu.cuda_driver_version"),
+         "driver": facts.get("gpu.driver_version"),
+         "effect": ("CUDA initialisation fails with 'The NVIDIA driver on your system is too old (found version "
+                    f"{driver[0] * 1000 + driver[1] * 10})'") if major else
+                   ("CUDA minor-version compatibility usually lets it run, but kernels needing the newer driver "
+                    "(PTX JIT, some library features) can fail")},
+        (ev("torch built with CUDA", facts.get("torch.cuda"), "torch/version.py"),
+         ev("driver", f"{facts.get('gpu.driver_version')} (supports CUDA {facts.get('gpu.cuda_driver_version')})", NVSMI)),
+        severity=None if major else Severity.WARNING,
+    )
+
+
+TD311 = register(Code(
+    code="TD311", name="cuda-driver-too-old", family="gpu-unavailable", severity=Severity.ERROR, area="gpu",
+    title="The NVIDIA driver is older than torch's CUDA build",
+    message="torch was built for CUDA {torch_cuda} but driver {driver} supports CUDA {driver_cuda}: {effect}.",
+    fix="Update the NVIDIA driver to one that supports CUDA {torch_cuda}, or install a torch build for CUDA "
+        "{driver_cuda} or older (https://pytorch.org/get-started/locally/ and the previous-versions page).",
+    meaning="A CUDA program needs a driver at least as new as its CUDA major version; within a major version, minor "
+            "version compatibility covers most but not all features.",
+    why="pip installs the newest CUDA build of torch while cluster drivers are updated rarely.",
+    false_positives="The driver version comes from NVML; a CUDA forward-compatibility package (cuda-compat) in the "
+                    "container can make a newer CUDA work on an older datacenter driver.",
+    related=("TD302",), check=_check_driver_too_old,
+))
+
+
+def _check_device_order(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    vis = facts.get("gpu.visible") or {}
+    models = sorted({str(d.get("name")) for d in _devices(facts)})
+    uses_index = any(e.get("kind") == "index" for e in vis.get("entries") or [])
+    if len(models) > 1 and vis.get("env_set") and uses_index and vis.get("device_order") != "PCI_BUS_ID":
+        yield Hit({"models": ", ".join(models), "value": vis.get("value"), "order": vis.get("device_order") or "FASTEST_FIRST (default)"},
+                  (_cuda_visible_ev(facts), ev("CUDA_DEVICE_ORDER", vis.get("device_order") or "not set", "environment"),
+                   ev("GPU models", ", ".join(models), NVSMI)))
+
+
+TD312 = register(Code(
+    code="TD312", name="cuda-device-order-mixed", family="gpu-unavailable", severity=Severity.WARNING, area="gpu",
+    title="CUDA_VISIBLE_DEVICES uses indices on a machine with mixed GPU models",
+    message="CUDA_VISIBLE_DEVICES={value} uses indices, CUDA_DEVICE_ORDER is {order} and the GPUs differ ({models}): "
+            "CUDA's index may name another GPU than nvidia-smi's.",
+    fix="`export CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA numbers GPUs like nvidia-smi, or name GPUs by UUID "
+        "(`nvidia-smi -L`).",
+    meaning="By default CUDA numbers the fastest GPU 0; nvidia-smi and NVML number GPUs by PCI bus.",
+    why="Workstations with two GPU generations, or a display GPU next to compute GPUs.",
+    false_positives="When the fastest GPU also has the lowest PCI bus id, both orders agree.",
+    related=("TD307",), check=_check_device_order,
+))
+
+
+def _check_ecc(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    bad = [d for d in _visible(facts) if ((d.get("ecc") or {}).get("volatile_uncorrected") or 0) > 0]
+    if bad:
+        yield Hit({"gpus": ", ".join(f"{_label(d)}: {d['ecc']['volatile_uncorrected']}" for d in bad),
+                   "index": bad[0].get("index")},
+                  tuple(ev(f"{_label(d)} uncorrectable ECC errors since driver load", d["ecc"]["volatile_uncorrected"], NVSMI)
+                        for d in bad))
+
+
+TD313 = register(Code(
+    code="TD313", name="gpu-ecc-uncorrectable", family="gpu-unavailable", severity=Severity.WARNING, area="gpu",
+    title="A visible GPU has uncorrectable ECC memory errors",
+    message="Uncorrectable ECC errors since the driver loaded ({gpus}); kernels touching the bad memory fail with "
+            "'uncorrectable ECC error encountered'.",
+    fix="Exclude the GPU through `CUDA_VISIBLE_DEVICES` and report it to the admin; inspect with "
+        "`nvidia-smi -q -d ECC,PAGE_RETIREMENT -i {index}` and reset it when idle (`sudo nvidia-smi -r -i {index}`).",
+    meaning="The GPU's memory returned data ECC could not correct; the driver retires or remaps the page, often only "
+            "after a reset.",
+    why="Ageing or faulty HBM/GDDR memory, overheating.",
+    false_positives="Counters persist until the driver reloads; a GPU already reset and remapped may be healthy.",
+    related=("TD303",), check=_check_ecc,
+))

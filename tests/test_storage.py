@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from torchdoctor.catalogue import storage
+from torchdoctor.catalogue import storage, storage_mounts
 from torchdoctor.checks import run_checks
 from torchdoctor.facts import Facts, GatherContext, gather
 from torchdoctor.facts import paths as paths_facts
@@ -372,7 +372,7 @@ def test_recorded_hpc_node_lustre_lock_modes_and_fuse(tmp_path: Path) -> None:
     ("cifs", ["rw"], "depends on this file system's client"),
 ])
 def test_lock_note_reads_the_mount_options(fstype: str, options: list[str], expected: str) -> None:
-    assert expected in storage.lock_note(fstype, options)
+    assert expected in storage_mounts.lock_note(fstype, options)
 
 
 @pytest.mark.parametrize("fstype, kind", [

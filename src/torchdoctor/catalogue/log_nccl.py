@@ -1,0 +1,423 @@
+"""TD480-499: NCCL failures and NCCL-flavoured hangs as they show up in logs (``explain``).
+
+NCCL errors reach the log twice: NCCL's own ``NCCL WARN`` lines (with ``NCCL_DEBUG=WARN`` or ``INFO``)
+and torch's ``NCCL error in: <file>:<line>, <result>, NCCL version X`` exception followed by the
+``ncclXxxError: ...`` explanation. ProcessGroupNCCL's watchdog then times out or aborts the *other*
+ranks: those lines are cascades, and the first failing rank's own error is the root cause.
+Positive and near-miss fixtures (real text, with the public report they come from) live in
+``tests/fixtures/logs/<CODE>/``.
+"""
+
+from __future__ import annotations
+
+from ..model import Severity
+from ..registry import Code, register
+from ..signature import Role, Signature
+
+_NOT_PRINTED = "version not printed on this line"
+
+
+def _nccl_error(result: str) -> str:
+    """torch's ``NCCL error in: <where>, <result> ..., NCCL version X`` (or NCCL's ``NCCL error: <result>``)."""
+    return (rf"NCCL error(?: in: (?P<where>[^,\s]+))?[:,] {result}"
+            rf"(?:.*?NCCL version (?P<nccl_version>\d+(?:\.\d+)+))?")
+
+
+_ISOLATE = ("Rerun with `NCCL_DEBUG=INFO` (add `NCCL_DEBUG_SUBSYS=INIT,NET`): the `NCCL WARN` lines before the "
+            "error name the failing call. Isolate the transport one switch at a time: `NCCL_SOCKET_IFNAME=<iface>` "
+            "(the interface the nodes reach each other on), `NCCL_IB_DISABLE=1` (skip InfiniBand), "
+            "`NCCL_P2P_DISABLE=1` (skip GPU peer-to-peer), `NCCL_SHM_DISABLE=1` (skip /dev/shm).")
+
+TD480 = register(Code(
+    code="TD480", name="nccl-unhandled-system-error", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="NCCL failed with 'unhandled system error' (ncclSystemError)",
+    message="NCCL failed with 'unhandled system error' (NCCL {nccl_version}): a system call or external library "
+            "inside NCCL (sockets, shared memory, InfiniBand verbs) failed.",
+    fix=_ISOLATE + " Multi-node jobs most often need the right interface (pytorch#17349 was settled by "
+        "`NCCL_SOCKET_IFNAME` plus `NCCL_IB_DISABLE=1`); containers need a large /dev/shm (`--shm-size`, "
+        "`--ipc=host`). Use the same NCCL version on every node.",
+    meaning="ncclSystemError: NCCL got an error from the operating system or a library it calls; the reason is in "
+            "the 'Last error:' line or the NCCL WARN lines, not in this one.",
+    why="Wrong or unreachable network interface, a firewall between nodes, too little /dev/shm in a container, "
+        "InfiniBand devices that are present but unusable, or memory-lock limits (ulimit -l) for RDMA.",
+    false_positives="None for the message; the cause needs the NCCL WARN lines.",
+    related=("TD486", "TD483", "TD411", "TD103"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("unhandled system error",),
+                  pattern=_nccl_error("unhandled system error"), confidence=0.85,
+                  values={"nccl_version": _NOT_PRINTED}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("ncclSystemError",),
+                  pattern=r"ncclSystemError: System call", confidence=0.8,
+                  values={"nccl_version": _NOT_PRINTED}),
+    ),
+))
+
+TD481 = register(Code(
+    code="TD481", name="nccl-internal-error", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="NCCL failed with 'internal error' (ncclInternalError)",
+    message="NCCL failed with 'internal error' (NCCL {nccl_version}): an internal check failed, usually because a "
+            "socket to a peer broke during setup.",
+    fix="Read the 'Last error:' line after it (e.g. 'Socket recv failed while polling') and look for a peer that "
+        "died or was unreachable at the same time. " + _ISOLATE + " If it persists with healthy peers, update NCCL "
+        "and report it to the NCCL developers with the NCCL_DEBUG=INFO log.",
+    meaning="ncclInternalError: NCCL hit a state it does not expect; in practice it often wraps a remote or "
+            "network failure (see nccl#795).",
+    why="A peer process exiting during communicator setup, network resets, mismatched NCCL versions between nodes, "
+        "rarely a real NCCL bug or memory corruption.",
+    false_positives="None for the message itself.",
+    related=("TD482", "TD480", "TD490"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("internal error",),
+                  pattern=_nccl_error("internal error"), confidence=0.75,
+                  values={"nccl_version": _NOT_PRINTED}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("ncclInternalError",),
+                  pattern=r"ncclInternalError: Internal check failed", confidence=0.7,
+                  values={"nccl_version": _NOT_PRINTED}),
+    ),
+))
+
+TD482 = register(Code(
+    code="TD482", name="nccl-remote-error", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="NCCL lost a peer: remote process exited or network error (ncclRemoteError)",
+    message="NCCL lost contact with a peer (NCCL {nccl_version}): 'remote process exited or there was a network "
+            "error'.",
+    fix="First look for an earlier failure on another rank (a crash, CUDA OOM or a killed process makes its peers "
+        "report exactly this). If every rank was healthy, it is the network: check the peer named in the 'Last "
+        "error:' line, the links and InfiniBand ports on both nodes (`ibstat`; nccl#2076 was settled by repairing "
+        "InfiniBand on some nodes), then " + _ISOLATE,
+    meaning="ncclRemoteError: a send/receive failed because the other side went away or the connection broke.",
+    why="A peer rank died (its own log has the reason), a node rebooted or lost its link, or a flaky NIC/cable.",
+    false_positives="On the surviving ranks this is a consequence of the first rank's failure, not a network fault.",
+    related=("TD483", "TD481", "TD490", "TD350"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("remote process exited",),
+                  pattern=_nccl_error("remote process exited or there was a network error"), confidence=0.6,
+                  values={"nccl_version": _NOT_PRINTED}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("ncclRemoteError",),
+                  pattern=r"ncclRemoteError: A call failed possibly due to a network error or a remote process",
+                  confidence=0.55, values={"nccl_version": _NOT_PRINTED}),
+    ),
+))
+
+TD483 = register(Code(
+    code="TD483", name="nccl-ib-completion-error", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="an InfiniBand transfer failed (NET/IB completion error)",
+    message="An InfiniBand transfer to peer {peer} failed with completion status {status} (vendor error "
+            "{vendor_err}); status 12 means the link retries were exhausted, 5 that work was flushed after an "
+            "earlier error.",
+    fix="Check the InfiniBand fabric between this node and the peer: `ibstat` / `ibv_devinfo` (port State: Active), "
+        "link error counters, the HCAs and GID index NCCL uses (`NCCL_IB_HCA`, `NCCL_IB_GID_INDEX` for RoCE). "
+        "`NCCL_IB_DISABLE=1` confirms it by running over TCP (slower). Exclude the faulty node from the job.",
+    meaning="The ibverbs work completion for one of NCCL's RDMA operations reported an error instead of success.",
+    why="A bad cable or port, a switch problem, a peer node that rebooted or hung, RoCE misconfiguration.",
+    false_positives="Status 5 (flushed) lines follow the first real error; the first completion error is the one "
+                    "to read.",
+    related=("TD482", "TD480"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("Got completion from peer",),
+                  pattern=r"NET/IB\w*\s?:\s?Got completion from peer (?P<peer>\S+) with (?:error |status=)"
+                          r"(?P<status>\d+),? opcode[ =]\d+,? len[ =]\d+,? vendor err (?P<vendor_err>\d+)",
+                  confidence=0.85),
+    ),
+))
+
+TD484 = register(Code(
+    code="TD484", name="nccl-unhandled-cuda-error", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="a CUDA call inside NCCL failed (ncclUnhandledCudaError)",
+    message="A CUDA call inside NCCL failed ({cuda_error}); NCCL {nccl_version}.",
+    fix="The CUDA error in 'Last error: Cuda failure ...' is the cause. 'out of memory': see TD485. 'invalid "
+        "argument' or 'unknown error' during setup: GPU peer-to-peer or host-memory registration is failing; test "
+        "with `NCCL_P2P_DISABLE=1` and `NCCL_SHM_DISABLE=1` (consumer GPUs, VMs with IOMMU/ACS), check "
+        "`nvidia-smi topo -m`, and update the driver / NCCL (nccl#1024 was a bug fixed in NCCL 2.18.6).",
+    meaning="ncclUnhandledCudaError: NCCL called the CUDA runtime or driver and got an error back.",
+    why="GPU memory exhausted, peer access not supported between the GPUs, a driver/NCCL bug, or a GPU in a bad "
+        "state after an earlier error.",
+    false_positives="After an earlier CUDA error in the same process (e.g. an illegal memory access), every later "
+                    "CUDA call fails too; the first error is the cause.",
+    related=("TD485", "TD351", "TD310"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("unhandled cuda error",),
+                  pattern=_nccl_error("unhandled cuda error"), confidence=0.75,
+                  values={"nccl_version": _NOT_PRINTED, "cuda_error": "see the 'Last error' line"}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("ncclUnhandledCudaError",),
+                  pattern=r"ncclUnhandledCudaError: Call to CUDA function failed", confidence=0.7,
+                  values={"nccl_version": _NOT_PRINTED, "cuda_error": "see the 'Last error' line"}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("Cuda failure",),
+                  pattern=r"Cuda failure (?:(?P<cuda_code>\d+) )?'(?P<cuda_error>[^']+)'",
+                  exclude=(r"Cuda failure (?:\d+ )?'out of memory'",), confidence=0.6,
+                  values={"nccl_version": _NOT_PRINTED}),
+    ),
+))
+
+TD485 = register(Code(
+    code="TD485", name="nccl-cuda-out-of-memory", family="cuda-oom", severity=Severity.ERROR, area="distributed",
+    title="NCCL could not allocate GPU memory for its buffers",
+    message="NCCL ran out of GPU memory while setting up or running a collective ({detail}).",
+    fix="Leave GPU memory for NCCL: its buffers are allocated per peer and channel when a communicator first "
+        "connects, often after the model has filled the GPU. Lower the step's memory (smaller batch, activation "
+        "checkpointing), run the first collective (or `init_process_group(..., device_id=...)`) before allocating "
+        "the model, try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, and make sure no other process or "
+        "second rank shares the GPU.",
+    meaning="NCCL's own cudaMalloc/cudaCalloc failed; torch usually reports it afterwards as ncclUnhandledCudaError.",
+    why="The caching allocator (or another process) holds nearly all GPU memory when NCCL needs buffers for a new "
+        "peer connection, a new communicator or a larger number of channels.",
+    false_positives="None for the message.",
+    related=("TD350", "TD484", "TD305"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("Cuda failure",),
+                  pattern=r"(?:NCCL WARN )?(?P<detail>Cuda failure (?:\d+ )?'out of memory')", confidence=0.85),
+        Signature(role=Role.ROOT_CAUSE, triggers=("Failed to CUDA calloc",),
+                  pattern=r"NCCL WARN (?P<detail>Failed to CUDA calloc (?P<bytes>\d+) bytes)", confidence=0.85),
+    ),
+))
+
+TD486 = register(Code(
+    code="TD486", name="nccl-shm-segment-failed", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="NCCL could not create its shared-memory segment in /dev/shm",
+    message="NCCL could not create {segment} ({size} bytes) in /dev/shm: {error}.",
+    fix="Give the container a larger /dev/shm: `docker run --shm-size=8g ...` or `--ipc=host`; in Kubernetes mount "
+        "an `emptyDir` with `medium: Memory` at /dev/shm (pytorch/ci-infra#490 did exactly that). Remove leftover "
+        "`/dev/shm/nccl-*` files of dead jobs. `NCCL_SHM_DISABLE=1` confirms the diagnosis (NCCL then uses P2P or "
+        "the network, slower).",
+    meaning="NCCL's SHM transport (ranks on one node talking through host memory) creates one file per connection "
+            "in /dev/shm and extends it with fallocate; that failed.",
+    why="Docker's default /dev/shm is 64 MB and several ranks each need a few MB per peer and channel; also a "
+        "/dev/shm filled by DataLoader workers or stale segments.",
+    false_positives="A 'Cuda failure' just before it (cudaHostRegister failing) points at the CUDA side instead "
+                    "(nccl#1518).",
+    related=("TD487", "TD102", "TD103", "TD104", "TD480"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("Error while creating shared memory segment",),
+                  pattern=r"Error while creating shared memory segment (?P<segment>/dev/shm/nccl-\S*) \(size "
+                          r"(?P<size>\d+)\)(?:, error: (?P<error>[^(]+?) \((?P<errno>\d+)\))?",
+                  confidence=0.9, values={"error": "the segment could not be created or extended"}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("failed to extend /dev/shm/nccl-",),
+                  pattern=r"failed to extend (?P<segment>/dev/shm/nccl-\S+) to (?P<size>\d+) bytes"
+                          r"(?:, error: (?P<error>[^(]+?) \((?P<errno>\d+)\))?",
+                  confidence=0.9, values={"error": "the segment could not be extended"}),
+    ),
+))
+
+TD487 = register(Code(
+    code="TD487", name="nccl-shm-attach-failed", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="NCCL could not open a peer's shared-memory segment",
+    message="NCCL could not attach to {segment} ({size} bytes) that a peer created: {error}.",
+    fix="All ranks of a node must see the same /dev/shm: run them in one container or start containers with "
+        "`--ipc=host`; make sure nothing removes /dev/shm files while the job runs (systemd-logind `RemoveIPC=yes` "
+        "deletes a user's segments at logout; set `RemoveIPC=no`). `NCCL_SHM_DISABLE=1` works around it. nccl#1589 "
+        "was settled by going back to NCCL 2.21.5.",
+    meaning="The receiving rank opens the /dev/shm/nccl-* file created by the sending rank; it was not there.",
+    why="Ranks in different IPC namespaces (separate containers), a cleaner deleting the file, or an NCCL version "
+        "regression.",
+    false_positives="None known.",
+    related=("TD486", "TD104"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("Error while attaching to shared memory segment",),
+                  pattern=r"Error while attaching to shared memory segment (?P<segment>/dev/shm/nccl-\S*) \(size "
+                          r"(?P<size>\d+)\)(?:, error: (?P<error>[^(]+?) \((?P<errno>\d+)\))?",
+                  confidence=0.85, values={"error": "the segment could not be opened"}),
+    ),
+))
+
+TD488 = register(Code(
+    code="TD488", name="nccl-duplicate-gpu", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="two ranks of one NCCL communicator are on the same GPU",
+    message="NCCL refused to build a communicator: {duplicate}.",
+    fix="Give each rank its own GPU before the process group is created: "
+        "`torch.cuda.set_device(int(os.environ['LOCAL_RANK']))` (or `device_id=` in `init_process_group`), no "
+        "hard-coded `cuda:0` / default GPU in the training script (D-FINE#289), `--nproc-per-node` no larger than "
+        "the GPUs per node, and CUDA_VISIBLE_DEVICES listing distinct GPUs.",
+    meaning="ncclInvalidUsage: NCCL needs every rank of a communicator on a distinct device.",
+    why="Every process uses the default device 0, more processes than GPUs, or per-process CUDA_VISIBLE_DEVICES "
+        "that overlap.",
+    false_positives="None known.",
+    related=("TD310", "TD309", "TD356"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("Duplicate GPU detected",),
+                  pattern=r"Duplicate GPU detected : (?P<duplicate>rank (?P<rank>\d+) and rank (?P<other_rank>\d+) "
+                          r"both on CUDA device (?P<device>\w+))", confidence=0.95),
+        Signature(role=Role.CONFIRMATION, triggers=("invalid usage",),
+                  pattern=_nccl_error("invalid usage"), confidence=0.5,
+                  values={"duplicate": "invalid usage (the 'Last error' line names the cause)"}),
+    ),
+))
+
+_WORK = (r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
+         r"(?:, NumelIn=(?P<numel_in>\d+), NumelOut=(?P<numel_out>\d+))?")
+
+TD490 = register(Code(
+    code="TD490", name="nccl-watchdog-timeout", family="dist-hang", severity=Severity.ERROR, area="distributed",
+    title="a NCCL collective timed out (watchdog): look for the rank that failed first",
+    message="NCCL collective {op} (SeqNum {seq}) did not complete within {timeout_ms} ms: this rank waited for peers "
+            "that never joined.",
+    fix="This is a symptom. Find the rank that failed or stalled first; its own error (CUDA OOM, a crash, a NCCL "
+        "error, a killed process) is the cause. Compare the last completed SeqNum per rank, and set "
+        "`TORCH_DISTRIBUTED_DEBUG=DETAIL` (desync report names the lagging rank) and "
+        "`TORCH_NCCL_TRACE_BUFFER_SIZE=2000`. If no rank failed: the ranks took different paths (a collective "
+        "inside `if rank == 0`, uneven data so one rank runs an extra step), or a long rank-0-only step "
+        "(evaluation, checkpoint saving) exceeded the timeout: raise it with "
+        "`init_process_group(timeout=datetime.timedelta(hours=1))`. For transport problems: `NCCL_DEBUG=INFO`, "
+        "`NCCL_P2P_DISABLE=1` / `NCCL_IB_DISABLE=1`.",
+    meaning="ProcessGroupNCCL's watchdog thread found a collective still running after the process group timeout "
+            "(10 minutes by default in recent torch, 30 before) and will abort the process.",
+    why="Another rank died, hung, or is executing a different collective; less often the network or GPU "
+        "peer-to-peer path hangs.",
+    false_positives="A single rank doing long legitimate work between collectives (big evaluation on rank 0) also "
+                    "times out its peers; then the fix is the timeout or moving that work.",
+    related=("TD491", "TD492", "TD493", "TD350", "TD482", "TD480"),
+    signatures=(
+        Signature(role=Role.CASCADE, triggers=("Watchdog caught collective operation timeout",),
+                  pattern=rf"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: {_WORK}, "
+                          r"Timeout\(ms\)=(?P<timeout_ms>\d+)\) ran for (?P<ran_ms>\d+) milliseconds before timing out",
+                  confidence=0.9),
+        Signature(role=Role.CASCADE, triggers=("timed out in blocking wait",),
+                  pattern=rf"(?:\[Rank (?P<rank>\d+)\] )?Work {_WORK}, Timeout\(ms\)=(?P<timeout_ms>\d+)\) timed out "
+                          r"in blocking wait", confidence=0.85),
+    ),
+))
+
+TD491 = register(Code(
+    code="TD491", name="nccl-watchdog-abort", family="dist-hang", severity=Severity.ERROR, area="distributed",
+    title="the NCCL watchdog is taking the process down after a failed or timed-out collective",
+    message="ProcessGroupNCCL's watchdog is terminating this process after a collective failed or timed out "
+            "({status}).",
+    fix="A symptom: read the error or timeout printed before it on this rank (TD490 and others), and the first "
+        "failure on any rank. " + "Set `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` to record what each rank was doing.",
+    meaning="After a NCCL error or timeout the watchdog aborts the communicator and the process, because later GPU "
+            "work could use incomplete data.",
+    why="Follows every NCCL timeout or asynchronous NCCL error.",
+    false_positives="Never a cause by itself.",
+    related=("TD490", "TD492"),
+    signatures=(
+        Signature(role=Role.CASCADE, triggers=("Some NCCL operations have failed or timed out",),
+                  pattern=r"Some NCCL operations have failed or timed out", confidence=0.8,
+                  values={"status": "see the watchdog lines before this one"}),
+        Signature(role=Role.CASCADE, triggers=("we are taking the entire process down",),
+                  pattern=r"To avoid (?:data|this) inconsistency, we are taking the entire process down",
+                  confidence=0.8,
+                  values={"status": "see the watchdog lines before this one"}),
+        Signature(role=Role.CASCADE, triggers=("detected by watchdog at work", "Timeout at NCCL work"),
+                  pattern=r"(?:detected by watchdog at work|Timeout at NCCL work): (?P<status>(?P<work>\d+), last "
+                          r"enqueued NCCL work: (?P<last_enqueued>-?\d+), last completed NCCL work: "
+                          r"(?P<last_completed>-?\d+))", confidence=0.8),
+        Signature(role=Role.CASCADE, triggers=("failure detected by watchdog at work sequence id",),
+                  pattern=r"failure detected by watchdog at work sequence id: (?P<status>(?P<work>\d+) PG status: "
+                          r"last enqueued work: (?P<last_enqueued>-?\d+), last completed work: "
+                          r"(?P<last_completed>-?\d+))", confidence=0.8),
+    ),
+))
+
+TD492 = register(Code(
+    code="TD492", name="nccl-heartbeat-monitor-timeout", family="dist-hang", severity=Severity.ERROR,
+    area="distributed",
+    title="ProcessGroupNCCL's heartbeat monitor found the watchdog stuck and kills the process",
+    message="ProcessGroupNCCL's watchdog thread stopped making progress ({detail}); the heartbeat monitor "
+            "terminates the process.",
+    fix="A symptom of a hang: a NCCL or CUDA call blocks the watchdog (a peer died or never arrived, a GIL deadlock, "
+        "a collective that never completes). Find the first rank that failed; dump the stacks of hung ranks "
+        "(`py-spy dump --pid <pid>`). If nodes start minutes apart (LlamaFactory#6953) or one rank does long work "
+        "before its first collective, raise `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`; set "
+        "`TORCH_NCCL_ENABLE_MONITORING=0` only when sure it is a false positive.",
+    meaning="A monitor thread checks that the watchdog thread's heartbeat advances; when it stalls for "
+            "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC the monitor dumps debug info and aborts.",
+    why="The watchdog is blocked inside NCCL/CUDA (usually because a collective can never finish) or by the GIL.",
+    false_positives="Very slow startup of some ranks.",
+    related=("TD490", "TD491", "TD493"),
+    signatures=(
+        Signature(role=Role.CASCADE, triggers=("Heartbeat monitor timed out",),
+                  pattern=r"Heartbeat monitor timed out! Process will be terminated after dumping debug info\."
+                          r"(?: (?P<detail>workMetaList_\.size\(\)=(?P<pending>\d+)))?", confidence=0.85,
+                  values={"detail": "heartbeat monitor timed out"}),
+        Signature(role=Role.CASCADE, triggers=("watchdog got stuck for",),
+                  pattern=r"ProcessGroupNCCL's watchdog got stuck for (?P<detail>(?P<stuck_s>\d+) seconds) without "
+                          r"making progress", confidence=0.85),
+    ),
+))
+
+TD493 = register(Code(
+    code="TD493", name="nccl-desync-lagging-rank", family="dist-hang", severity=Severity.ERROR, area="distributed",
+    title="torch's desync report names the rank(s) that never joined a collective",
+    message="The desync report names rank(s) {lagging} as lagging, dead or mismatched: they did not join collective "
+            "#{missing}.",
+    fix="Read the log of rank(s) {lagging}: a crash, OOM or error there is the cause. If they were alive, they were "
+        "blocked elsewhere (data loading, I/O, a different code path or a rank-conditional collective): dump their "
+        "stacks with `py-spy dump --pid <pid>` and run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` to check collective "
+        "order and shapes.",
+    meaning="With desync debugging on, the watchdog of a timed-out rank asks every rank for its last collective and "
+            "reports who is behind.",
+    why="One rank died, hung, or took another code path, so its peers waited for it until the timeout.",
+    false_positives="None known; the named ranks are the ones to investigate.",
+    related=("TD490", "TD492"),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("didn't join collective",),
+                  pattern=r"\[(?P<lagging>\d+(?:, \d+)*)\] (?:finished collective #(?P<finished>\d+), but )?"
+                          r"didn't join collective #(?P<missing>\d+)", confidence=0.7),
+    ),
+))
+
+TD494 = register(Code(
+    code="TD494", name="ddp-unused-parameters", family="rank-divergence", severity=Severity.ERROR, area="distributed",
+    title="DDP's gradient reduction never finished: parameters without gradients",
+    message="DistributedDataParallel's reduction of the previous iteration never finished: {unused}.",
+    fix="Name the parameters: rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`. Then make them take part in the loss, "
+        "freeze or delete the modules that are not used (`requires_grad_(False)`), or construct "
+        "`DistributedDataParallel(model, find_unused_parameters=True)` (costs a graph traversal per step; the "
+        "threads this comes from were settled that way).",
+    meaning="DDP waits for a gradient of every parameter before it all-reduces a bucket; parameters that got no "
+            "gradient keep the reduction open, and the next forward pass detects it.",
+    why="Layers defined in `__init__` but not used in `forward`, outputs that do not contribute to the loss, "
+        "branches that skip modules on some iterations, or frozen parts that still require grad.",
+    false_positives="None known.",
+    related=("TD495",),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE,
+                  triggers=("Expected to have finished reduction in the prior iteration",),
+                  pattern=r"Expected to have finished reduction in the prior iteration before starting a new one",
+                  confidence=0.9, values={"unused": "some parameters received no gradient"}),
+        Signature(role=Role.CONFIRMATION, triggers=("did not receive grad for rank",),
+                  pattern=r"Parameter indices which did not receive grad for rank (?P<rank>\d+): "
+                          r"(?P<indices>\d+(?:[ ,]+\d+)*)", confidence=0.6,
+                  values={"unused": "parameters without gradient are listed by index"}),
+    ),
+))
+
+TD495 = register(Code(
+    code="TD495", name="ddp-model-mismatch-across-ranks", family="rank-divergence", severity=Severity.ERROR,
+    area="distributed",
+    title="ranks built different models, so DDP refuses to start",
+    message="DDP needs the same model on every rank, but rank {rank} has {params} parameters while rank "
+            "{other_rank} has {other_params}.",
+    fix="Build and prepare the model identically on every rank before wrapping it: no rank-0-only branches (loading "
+        "adapters / LoRA, freezing, `requires_grad` changes), the same config and checkpoint on every node, "
+        "`num_processes` in the accelerate config equal to the processes launched (flow_grpo#245), and do not wrap "
+        "a model in DDP twice (kronfluence#41). A count of 0 usually means that rank has no trainable parameters.",
+    meaning="DDP compares the number and shapes of trainable parameters across ranks at construction time.",
+    why="Code paths that differ by rank, different files or versions on different nodes, or a library that wraps "
+        "the model again.",
+    false_positives="None known.",
+    related=("TD494",),
+    signatures=(
+        Signature(role=Role.ROOT_CAUSE, triggers=("DDP expects same model across all ranks",),
+                  pattern=r"DDP expects same model across all ranks, but Rank (?P<rank>\d+) has (?P<params>\d+) "
+                          r"params, while rank (?P<other_rank>\d+) has inconsistent (?P<other_params>\d+) params",
+                  confidence=0.95),
+    ),
+))
+
+TD496 = register(Code(
+    code="TD496", name="nccl-flight-recorder-advice", family="dist-hang", severity=Severity.INFO, area="distributed",
+    title="torch's note that the NCCL flight recorder was off",
+    message="torch could not show the failed collective's stack ({hint}); context for a NCCL failure, not a cause.",
+    fix="To record each rank's recent collectives for the next failure, set `TORCH_NCCL_TRACE_BUFFER_SIZE=2000`; "
+        "the dumps show which rank stopped issuing collectives.",
+    meaning="Printed by ProcessGroupNCCL next to a watchdog failure when its trace buffer is disabled.",
+    why="The flight recorder is off by default in many torch versions.",
+    false_positives="It is advice, never a diagnosis.",
+    related=("TD490", "TD491"),
+    signatures=(
+        Signature(role=Role.ADVICE, triggers=("FlightRecorder is disabled",),
+                  pattern=r"Stack trace of the failed collective not found, potentially because FlightRecorder is "
+                          r"disabled", confidence=0.3,
+                  values={"hint": "flight recorder disabled; enable with TORCH_NCCL_TRACE_BUFFER_SIZE"}),
+    ),
+))

@@ -1,0 +1,247 @@
+"""Held-out accuracy of `torchdoctor explain` on real failure reports its signature authors have not seen.
+
+Corpus: ``tests/eval/reports/<family>/<short-id>.log``. Each file is a header of ``# `` lines closed
+by a line that is exactly ``# ---``, then the user's pasted log text, verbatim::
+
+    # source: https://github.com/OWNER/REPO/issues/N (who posted the text)
+    # family: shm-exhausted            <- the root cause as settled in the thread
+    # settled-by: docker run --shm-size=3G
+    # fix-keywords: shm-size; ipc=host  <- any of these in the top diagnosis' fix = "fix named"
+    # ---
+    <log text>
+
+For every report this runs ``torchdoctor.explain.explain(text)`` in-process and records:
+
+- **right family first**: the top diagnosis' family is the expected family;
+- **fix named**: the family is right *and* the top diagnosis' fix text contains one of the
+  report's fix keywords (case-insensitive);
+- where the expected family ranks, if anywhere, among all diagnoses.
+
+Then it prints a table (report, expected family, top code+family, hit/miss, fix hit), accuracy per
+family, the overall "right family first" and "fix named" rates (target in issue 4: 90%), and every
+miss with the top three diagnoses and their first evidence line (or the unmatched error lines when
+nothing matched). It is a measurement: the exit code is 0 whatever the accuracy.
+
+    python benchmarks/explain_accuracy.py [--json] [--reports DIR] [--family SLUG]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTS = REPO / "tests" / "eval" / "reports"
+HEADER_END = "# ---"
+REQUIRED = ("source", "family", "settled-by")
+TARGET = 0.90
+
+
+@dataclass
+class Report:
+    """One held-out report: its header fields and the pasted log text."""
+
+    path: Path
+    header: dict[str, list[str]]
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.parent.name}/{self.path.stem}"
+
+    def field(self, name: str) -> str:
+        values = self.header.get(name)
+        return values[0].strip() if values else ""
+
+    @property
+    def family(self) -> str:
+        return self.field("family")
+
+    @property
+    def source_url(self) -> str:
+        m = re.search(r"https?://\S+", self.field("source"))
+        return m.group(0).rstrip(").,;") if m else ""
+
+    @property
+    def fix_keywords(self) -> list[str]:
+        return [k.strip() for k in self.field("fix-keywords").split(";") if k.strip()]
+
+
+@dataclass
+class Seen:
+    """One diagnosis as the harness reports it."""
+
+    code: str
+    family: str
+    role: str
+    confidence: float
+    line: str
+
+
+@dataclass
+class Result:
+    """What explain said about one report, judged against the settled family and fix."""
+
+    id: str
+    source: str
+    expected: str
+    top_code: str | None
+    top_family: str | None
+    top_role: str | None
+    hit: bool
+    fix_named: bool
+    expected_rank: int | None
+    """1-based position of the first diagnosis of the expected family, None when absent."""
+    top3: list[Seen] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def parse_report(path: Path) -> Report:
+    """Split a report into header fields (``# key: value``) and the text after ``# ---``."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    if HEADER_END not in lines:
+        raise ValueError(f"{path}: no '{HEADER_END}' line closing the header")
+    end = lines.index(HEADER_END)
+    header: dict[str, list[str]] = {}
+    for line in lines[:end]:
+        if not line.startswith("# "):
+            raise ValueError(f"{path}: header line does not start with '# ': {line!r}")
+        m = re.match(r"# ([\w-]+):\s*(.*)$", line)
+        if m:
+            header.setdefault(m.group(1).lower(), []).append(m.group(2))
+    return Report(path, header, "\n".join(lines[end + 1:]))
+
+
+def load_reports(root: Path = REPORTS, family: str | None = None) -> list[Report]:
+    paths = sorted(root.glob("*/*.log"))
+    reports = [parse_report(p) for p in paths]
+    return [r for r in reports if family is None or r.family == family]
+
+
+def _first_line(diag: Any) -> str:
+    return diag.evidence[0].text.strip() if diag.evidence else ""
+
+
+def fix_names_keyword(fix: str, keywords: list[str]) -> bool:
+    low = fix.lower()
+    return any(k.lower() in low for k in keywords)
+
+
+def evaluate(report: Report) -> Result:
+    """Run the real engine on one report and judge the top diagnosis."""
+    from torchdoctor.explain import explain
+
+    start = time.perf_counter()
+    out = explain(report.text)
+    seconds = time.perf_counter() - start
+    diags = out.diagnoses
+    top = diags[0] if diags else None
+    hit = top is not None and top.family == report.family
+    fix_named = bool(hit and top is not None and fix_names_keyword(top.fix, report.fix_keywords))
+    rank = next((i + 1 for i, d in enumerate(diags) if d.family == report.family), None)
+    return Result(
+        id=report.id,
+        source=report.source_url,
+        expected=report.family,
+        top_code=top.code if top else None,
+        top_family=top.family if top else None,
+        top_role=top.role if top else None,
+        hit=hit,
+        fix_named=fix_named,
+        expected_rank=rank,
+        top3=[Seen(d.code, d.family, d.role, round(d.confidence, 2), _first_line(d)) for d in diags[:3]],
+        unmatched=[u.ref.text.strip() for u in out.unmatched_errors[:3]],
+        seconds=seconds,
+    )
+
+
+def summarize(results: list[Result]) -> dict[str, Any]:
+    """Overall and per-family rates."""
+    per: dict[str, dict[str, int]] = defaultdict(lambda: {"n": 0, "hit": 0, "fix": 0})
+    for r in results:
+        per[r.expected]["n"] += 1
+        per[r.expected]["hit"] += int(r.hit)
+        per[r.expected]["fix"] += int(r.fix_named)
+    n = len(results)
+    return {
+        "reports": n,
+        "families": len(per),
+        "right_family_first": sum(r.hit for r in results) / n if n else 0.0,
+        "fix_named": sum(r.fix_named for r in results) / n if n else 0.0,
+        "family_anywhere": sum(r.expected_rank is not None for r in results) / n if n else 0.0,
+        "no_diagnosis": sum(r.top_code is None for r in results),
+        "target": TARGET,
+        "per_family": {
+            fam: {"n": v["n"], "right_family_first": v["hit"] / v["n"], "fix_named": v["fix"] / v["n"]}
+            for fam, v in sorted(per.items())
+        },
+    }
+
+
+def run(root: Path = REPORTS, family: str | None = None) -> tuple[list[Result], dict[str, Any]]:
+    results = [evaluate(r) for r in load_reports(root, family)]
+    return results, summarize(results)
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_text(results: list[Result], summary: dict[str, Any]) -> str:
+    out: list[str] = []
+    out.append(f"{'report':<44} {'expected':<24} {'top diagnosis':<34} {'family':<5} fix")
+    for r in results:
+        top = f"{r.top_code} {r.top_family}" if r.top_code else "no diagnosis"
+        out.append(f"{_clip(r.id, 44):<44} {r.expected:<24} {_clip(top, 34):<34} "
+                   f"{'hit' if r.hit else 'MISS':<5} {'yes' if r.fix_named else '-'}")
+    out.append("")
+    out.append(f"{'family':<24} {'n':>3} {'first':>7} {'fix':>7}")
+    for fam, v in summary["per_family"].items():
+        out.append(f"{fam:<24} {v['n']:>3} {v['right_family_first']:>7.0%} {v['fix_named']:>7.0%}")
+    out.append("")
+    out.append(f"reports: {summary['reports']} over {summary['families']} families")
+    out.append(f"right family first: {summary['right_family_first']:.1%} (target {summary['target']:.0%})")
+    out.append(f"fix named:          {summary['fix_named']:.1%}")
+    out.append(f"family anywhere:    {summary['family_anywhere']:.1%}   no diagnosis at all: {summary['no_diagnosis']}")
+    misses = [r for r in results if not r.hit]
+    if misses:
+        out.append("")
+        out.append(f"misses ({len(misses)}):")
+    for r in misses:
+        where = f"expected family at #{r.expected_rank}" if r.expected_rank else "expected family absent"
+        out.append(f"- {r.id} (expected {r.expected}; {where}) {r.source}")
+        if not r.top3:
+            out.append("    no diagnosis")
+            for u in r.unmatched:
+                out.append(f"    unmatched: {_clip(u, 110)}")
+        for s in r.top3:
+            out.append(f"    {s.code} {s.family} [{s.role} {s.confidence}] {_clip(s.line, 90)}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--reports", type=Path, default=REPORTS, help="corpus root (default: tests/eval/reports)")
+    ap.add_argument("--family", help="only the reports of this family")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO / "src"))
+    results, summary = run(args.reports, args.family)
+    if args.json:
+        print(json.dumps({"summary": summary, "results": [asdict(r) for r in results]}, indent=2))
+    else:
+        print(render_text(results, summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Held-out evaluation of `torchdoctor explain` (issue 4, "Quality target").
+
+The corpus under ``tests/eval/reports/<family>/`` holds real failure reports copied verbatim from
+public threads that the signature authors have not used: no report may share a thread with a
+fixture under ``tests/fixtures/``. ``benchmarks/explain_accuracy.py`` measures how often the top
+diagnosis has the family the thread settled on, and whether its fix names the fix that settled it.
+These tests keep the corpus honest and guard the measured accuracy against regressions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from torchdoctor.families import FAMILIES
+
+REPO = Path(__file__).resolve().parent.parent
+HARNESS = REPO / "benchmarks" / "explain_accuracy.py"
+FIXTURES = REPO / "tests" / "fixtures"
+
+# Regression floors: the measured values rounded DOWN to the nearest 5%.
+# Measured on this corpus (88 reports over all 17 families), catalogue as of this file's writing:
+#   right family first 58.0% (51/88), fix named 55.7% (49/88); target in issue 4 is 90%.
+# Raise these when signatures improve; never lower them to make a change pass.
+RIGHT_FAMILY_FLOOR = 0.55
+FIX_NAMED_FLOOR = 0.55
+MIN_REPORTS = 80
+MIN_FAMILIES = 14
+
+
+def _load_harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("explain_accuracy", HARNESS)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+H = _load_harness()
+REPORTS = H.load_reports()
+
+
+def thread_key(url: str) -> str | None:
+    """``https://github.com/Owner/Repo/issues/12#x`` -> ``github.com/owner/repo/12`` (issues and
+    pull requests share one number space); other URLs without scheme, query or fragment."""
+    url = url.strip().rstrip(").,;'\"`>").lower()
+    url = re.sub(r"^https?://(www\.)?", "", url).split("#")[0].split("?")[0].rstrip("/")
+    m = re.match(r"github\.com/([^/]+)/([^/]+)/(?:issues|pull|discussions)/(\d+)", url)
+    return f"github.com/{m.group(1)}/{m.group(2)}/{m.group(3)}" if m else url
+
+
+def fixture_threads() -> set[str]:
+    """Every thread any fixture file under tests/fixtures cites, anywhere in its text."""
+    keys: set[str] = set()
+    for path in FIXTURES.rglob("*"):
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for url in re.findall(r"https?://[^\s)\"'>`\]]+", text):
+            key = thread_key(url)
+            if key and "github.com/" in key:
+                keys.add(key)
+    return keys
+
+
+def test_corpus_size_and_breadth() -> None:
+    families = {r.family for r in REPORTS}
+    assert len(REPORTS) >= MIN_REPORTS, f"only {len(REPORTS)} held-out reports"
+    assert len(families) >= MIN_FAMILIES, f"only {len(families)} families covered: {sorted(families)}"
+
+
+@pytest.mark.parametrize("report", REPORTS, ids=lambda r: r.id)
+def test_report_is_well_formed(report) -> None:
+    for key in H.REQUIRED:
+        assert report.field(key), f"{report.path}: header lacks '# {key}:'"
+    assert report.family in FAMILIES, f"{report.path}: unknown family {report.family!r}"
+    assert report.path.parent.name == report.family, f"{report.path}: filed under the wrong family directory"
+    assert report.source_url.startswith("https://"), f"{report.path}: the source must be a public URL"
+    assert report.fix_keywords, f"{report.path}: no '# fix-keywords:' to judge the fix against"
+    assert report.text.strip(), f"{report.path}: no log text after '# ---'"
+
+
+def test_sources_are_unique() -> None:
+    seen: dict[str, str] = {}
+    for r in REPORTS:
+        key = thread_key(r.source_url)
+        assert key not in seen, f"{r.id} and {seen[key]} come from the same thread {key}"
+        seen[key] = r.id
+
+
+def test_no_report_shares_a_thread_with_a_fixture() -> None:
+    used = fixture_threads()
+    assert used, "found no fixture URLs at all; is tests/fixtures where it should be?"
+    overlap = sorted(f"{r.id}: {r.source_url}" for r in REPORTS if thread_key(r.source_url) in used)
+    assert not overlap, "held-out reports must be unseen; these threads are already fixtures:\n" + "\n".join(overlap)
+
+
+def test_thread_key_normalises() -> None:
+    assert thread_key("https://github.com/NVIDIA/nccl/issues/473#issuecomment-1)") == "github.com/nvidia/nccl/473"
+    assert thread_key("https://github.com/openai/CLIP/pull/151") == thread_key("https://github.com/openai/clip/issues/151")
+    assert thread_key("https://github.com/a/b/issues/1") != thread_key("https://github.com/a/b/issues/10")
+
+
+def test_fix_keyword_matching() -> None:
+    assert H.fix_names_keyword("Run the container with --shm-size=8g or --ipc=host.", ["shm-size"])
+    assert H.fix_names_keyword("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", ["EXPANDABLE_SEGMENTS"])
+    assert not H.fix_names_keyword("Lower num_workers.", ["shm-size", "ipc=host"])
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return H.run()
+
+
+def test_accuracy_does_not_regress(measured) -> None:
+    results, summary = measured
+    assert summary["reports"] == len(REPORTS)
+    assert len(results) == len(REPORTS)
+    misses = "\n".join(f"  {r.id}: expected {r.expected}, top {r.top_code} {r.top_family}" for r in results if not r.hit)
+    assert summary["right_family_first"] >= RIGHT_FAMILY_FLOOR, (
+        f"right family first fell to {summary['right_family_first']:.1%} (floor {RIGHT_FAMILY_FLOOR:.0%}); misses:\n{misses}")
+    assert summary["fix_named"] >= FIX_NAMED_FLOOR, (
+        f"fix named fell to {summary['fix_named']:.1%} (floor {FIX_NAMED_FLOOR:.0%})")
+
+
+def test_harness_judges_hits_and_misses(measured) -> None:
+    results, _ = measured
+    for r in results:
+        assert r.hit == (r.top_family == r.expected)
+        assert not r.fix_named or r.hit, f"{r.id}: a fix cannot be named under the wrong family"
+        if r.hit:
+            assert r.expected_rank == 1
+
+
+def test_cli_json_exits_zero() -> None:
+    proc = subprocess.run([sys.executable, str(HARNESS), "--json", "--family", "cuda-oom"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["summary"]["reports"] == sum(r.family == "cuda-oom" for r in REPORTS)
+    assert {r["expected"] for r in data["results"]} == {"cuda-oom"}

@@ -1,46 +1,75 @@
 """torchdoctor: prevent, detect and explain the failures where PyTorch training meets the OS.
 
-The public API is what ``__all__`` names; everything in underscore-free submodules not listed
-here may change. torch is never imported by ``import torchdoctor``.
+The public API is what ``__all__`` names. Attributes load on first use, so ``import torchdoctor``
+costs almost nothing and never imports torch.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .checks import run_checks
-from .errors import FactsFileError, TorchDoctorError, UnknownCodeError, UsageError
-from .facts import Facts, GatherContext, gather
-from .families import FAMILIES
-from .model import Evidence, ExitCode, Finding, Severity
-from .options import CheckOptions
-from .registry import Code, Hit, all_codes, lookup
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "CheckOptions": "options",
+    "Code": "registry",
+    "Diagnosis": "explain",
+    "Evidence": "model",
+    "ExitCode": "model",
+    "ExplainReport": "explain",
+    "FAMILIES": "families",
+    "Facts": "facts",
+    "FactsFileError": "errors",
+    "Finding": "model",
+    "GatherContext": "facts",
+    "Hit": "registry",
+    "Severity": "model",
+    "Signature": "signature",
+    "Role": "signature",
+    "TorchDoctorError": "errors",
+    "UnknownCodeError": "errors",
+    "UsageError": "errors",
+    "all_codes": "registry",
+    "explain": "explain",
+    "explain_exception": "explain",
+    "gather": "facts",
+    "lookup": "registry",
+    "run_checks": "checks",
+}
+
+if TYPE_CHECKING:
+    from .checks import run_checks
+    from .errors import FactsFileError, TorchDoctorError, UnknownCodeError, UsageError
+    from .explain import Diagnosis, ExplainReport, explain, explain_exception
+    from .facts import Facts, GatherContext, gather
+    from .families import FAMILIES
+    from .model import Evidence, ExitCode, Finding, Severity
+    from .options import CheckOptions
+    from .registry import Code, Hit, all_codes, lookup
+    from .signature import Role, Signature
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchdoctor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def check(options: CheckOptions | None = None, facts: Facts | None = None) -> list[Finding]:
     """Findings for this host (or for ``facts``), worst first: the API form of ``torchdoctor check``."""
+    from .checks import run_checks
+    from .facts import gather
+
     return run_checks(facts if facts is not None else gather(), options)
 
 
-__all__ = [
-    "CheckOptions",
-    "Code",
-    "Evidence",
-    "ExitCode",
-    "FAMILIES",
-    "Facts",
-    "FactsFileError",
-    "Finding",
-    "GatherContext",
-    "Hit",
-    "Severity",
-    "TorchDoctorError",
-    "UnknownCodeError",
-    "UsageError",
-    "__version__",
-    "all_codes",
-    "check",
-    "gather",
-    "lookup",
-    "run_checks",
-]
+__all__ = sorted([*_EXPORTS, "__version__", "check"])

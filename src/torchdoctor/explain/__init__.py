@@ -1,0 +1,95 @@
+"""``torchdoctor explain``: the root cause of a failed run, from its logs, across ranks.
+
+    >>> from torchdoctor.explain import explain
+    >>> report = explain(Path("logs/"))          # a file, a directory, bytes, text or lines
+    >>> report.root_cause.code, report.root_cause.rank
+    ('TD150', 5)
+
+Pipeline: :mod:`.sources` (files, directories, gzip, stdin; whole-line blocks in constant memory)
+→ :mod:`.match` (one literal scan per block, then only the signatures whose trigger was found)
+→ :mod:`.stream` (normalisation, per-rank traceback stitching, bounded collection)
+→ :mod:`.triage` (earliest root cause, cascades attached, confidences) → :mod:`.render`.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterable, Sequence
+from typing import Union
+
+from ..registry import Code, all_codes
+from .match import SignatureIndex
+from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError, rank_ranges
+from .sources import Source, lines_source, resolve, text_source
+from .stream import Collector, read_all
+from .triage import triage
+
+Input = Union[str, bytes, bytearray, "os.PathLike[str]", Iterable[str], Iterable[bytes]]
+
+_DEFAULT: list[SignatureIndex] = []
+
+
+def _index(codes: Sequence[Code] | None) -> tuple[SignatureIndex, list[Code]]:
+    """The literal index; built once for the whole catalogue, afresh for a custom code list."""
+    if codes is not None:
+        return SignatureIndex(codes), list(codes)
+    chosen = [c for c in all_codes() if c.signatures]
+    if not _DEFAULT or _DEFAULT[0].codes != chosen:
+        _DEFAULT[:] = [SignatureIndex(chosen)]
+    return _DEFAULT[0], chosen
+
+
+def sources_for(data: Input) -> list[Source]:
+    """Turn any accepted input into sources (see :func:`explain`)."""
+    if isinstance(data, str):
+        return [text_source(data)]
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return [text_source(bytes(data), "<bytes>")]
+    if isinstance(data, os.PathLike):
+        return resolve([data])
+    items = list(data) if isinstance(data, (list, tuple)) else None
+    if items is not None and items and all(isinstance(i, os.PathLike) for i in items):
+        return resolve(items)
+    return [lines_source(items if items is not None else data)]
+
+
+def explain(data: Input, codes: Sequence[Code] | None = None) -> ExplainReport:
+    """Explain a failed run from its logs.
+
+    ``data`` is the log text (``str``), raw bytes (plain or gzip), a ``pathlib.Path`` to a file or a
+    directory (walked; torchrun ``--log-dir`` layouts and ``error.json`` understood), a list of
+    paths, or an iterable of lines. ``codes`` restricts the catalogue (default: every code).
+    Never raises on bad log content; a missing path raises :class:`torchdoctor.UsageError`.
+    """
+    return explain_sources(sources_for(data), codes)
+
+
+def explain_sources(sources: list[Source], codes: Sequence[Code] | None = None) -> ExplainReport:
+    index, chosen = _index(codes)
+    col = Collector()
+    read_all(sources, index, col)
+    return triage(col, {c.code: c for c in chosen}, [s.name for s in sources])
+
+
+def explain_paths(paths: Iterable[str | os.PathLike[str]], codes: Sequence[Code] | None = None) -> ExplainReport:
+    """Explain files, directories and ``-`` (stdin), as the command line does."""
+    return explain_sources(resolve(paths), codes)
+
+
+def explain_exception(exc: BaseException, codes: Sequence[Code] | None = None) -> ExplainReport:
+    """Explain a live exception: its formatted traceback (with causes and context) is the log."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return explain(text, codes)
+
+
+__all__ = [
+    "Diagnosis",
+    "ExplainReport",
+    "LineRef",
+    "UnmatchedError",
+    "explain",
+    "explain_exception",
+    "explain_paths",
+    "rank_ranges",
+]

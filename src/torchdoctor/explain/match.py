@@ -1,0 +1,180 @@
+"""Which lines to look at, and which signatures match them.
+
+Every signature's literal triggers, plus a few generic words (grep's ``Error|Exception|Traceback|
+Killed|signal``, for the unmatched-error report) and torchrun's summary markers, form one literal
+set. A :class:`Scanner` finds them in a whole block of bytes at C speed; only the lines that hold
+one (and short windows after tracebacks and summaries) are decoded and normalised in Python, and
+only the signatures whose trigger was found run their regex on that line.
+
+Scanners: Hyperscan (``hyperscan`` package, when installed: SIMD multi-literal search, used once an
+input passes :data:`FAST_AFTER` bytes) and a pure-Python fallback (``bytes.find`` per literal,
+fine for pasted tracebacks and small logs).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..registry import Code
+from ..signature import Signature
+
+GENERIC = (
+    "Error:", "Error(", "Exception:", "Exception(", "MemoryError", "Traceback", "Killed", "killed", "signal",
+    "error:", "ERROR", "Segmentation fault", "core dumped", "Aborted", "FAILED",
+)
+"""Literals that make a line an error line worth showing when no signature explains it.
+
+Narrower than grep's ``Error|Exception``: a training loop that prints ``MeanSquaredError 0.12`` on
+every line must not turn every line into an error line. Exception lines that end a traceback are
+found through the traceback window whatever they say."""
+TRACEBACK = "Traceback (most recent call last)"
+WINDOWS = {
+    TRACEBACK: 64 * 1024,
+    "Failures:": 64 * 1024,
+    "Root Cause (first observed failure)": 32 * 1024,
+    "local_rank:": 2 * 1024,
+}
+"""Literals after which the next N bytes are read line by line (tracebacks, torchrun's summary)."""
+HIT_WINDOW = 512
+"""Bytes after any other hit read line by line too (wrapped messages continue on the next line)."""
+FAST_AFTER = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Candidate:
+    code: Code
+    signature: Signature
+
+
+class SignatureIndex:
+    """Literal set and trigger → signatures map for a list of codes."""
+
+    def __init__(self, codes: Iterable[Code]) -> None:
+        self.codes: list[Code] = list(codes)
+        literals: dict[str, list[Candidate]] = {}
+        for code in self.codes:
+            for sig in code.signatures:
+                for trig in sig.triggers:
+                    entry = literals.setdefault(trig, [])
+                    if not any(c.signature is sig for c in entry):
+                        entry.append(Candidate(code, sig))
+        for extra in (*GENERIC, *WINDOWS):
+            literals.setdefault(extra, [])
+        self.literals: list[str] = list(literals)
+        self.encoded: list[bytes] = [lit.encode("utf-8") for lit in self.literals]
+        self.candidates: list[tuple[Candidate, ...]] = [tuple(literals[lit]) for lit in self.literals]
+        self.window: list[int] = [WINDOWS.get(lit, HIT_WINDOW if literals[lit] else 0) for lit in self.literals]
+        self.generic: frozenset[int] = frozenset(i for i, lit in enumerate(self.literals) if lit in GENERIC or lit == TRACEBACK)
+        self.cheap: frozenset[int] = frozenset(i for i in self.generic if not literals[self.literals[i]] and not self.window[i])
+        """Generic literals that only feed the unmatched-error list (repeated shapes are skipped)."""
+        self.has_signature: list[bool] = [bool(c) for c in self.candidates]
+        self._fast: Scanner | None = None
+        self._slow: Scanner | None = None
+
+    def signatures_for(self, ids: Iterable[int]) -> list[Candidate]:
+        seen: set[int] = set()
+        out: list[Candidate] = []
+        for i in sorted(ids):
+            for cand in self.candidates[i]:
+                if id(cand.signature) not in seen:
+                    seen.add(id(cand.signature))
+                    out.append(cand)
+        return out
+
+    def ids_in(self, text: str) -> set[int]:
+        """Literal ids present in ``text`` (used for joined wrapped lines)."""
+        return {i for i, lit in enumerate(self.literals) if lit in text}
+
+    def scanner(self, size_hint: int | None) -> Scanner:
+        if size_hint is not None and size_hint < FAST_AFTER:
+            return self.slow_scanner()
+        if self._fast is None:
+            self._fast = HyperscanScanner.create(self.encoded) or self.slow_scanner()
+        return self._fast
+
+    def slow_scanner(self) -> Scanner:
+        if self._slow is None:
+            self._slow = FindScanner(self.encoded)
+        return self._slow
+
+
+class Scanner:
+    name = "abstract"
+
+    def scan(self, data: bytes, start: int, end: int) -> list[tuple[int, int]]:
+        """``(offset, literal id)`` for every literal occurrence in ``data[start:end]``, any order."""
+        raise NotImplementedError
+
+
+class FindScanner(Scanner):
+    """Pure Python: one ``bytes.find`` pass per literal (C speed each; fine below a few MB)."""
+
+    name = "python"
+
+    def __init__(self, literals: Sequence[bytes]) -> None:
+        self.literals = list(enumerate(literals))
+
+    def scan(self, data: bytes, start: int, end: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        find = data.find
+        for i, lit in self.literals:
+            pos = find(lit, start, end)
+            while pos >= 0:
+                out.append((pos, i))
+                pos = find(lit, pos + 1, end)
+        return out
+
+
+class HyperscanScanner(Scanner):
+    """Hyperscan block-mode database of all literals; scans release the GIL."""
+
+    name = "hyperscan"
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    @classmethod
+    def create(cls, literals: Sequence[bytes]) -> HyperscanScanner | None:
+        try:
+            import hyperscan
+        except ImportError:
+            return None
+        try:
+            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            db.compile(
+                expressions=[re.escape(lit) for lit in literals],
+                ids=list(range(len(literals))),
+                elements=len(literals),
+                flags=[0] * len(literals),
+            )
+        except Exception:  # noqa: BLE001 - any failure: fall back to the pure-Python scanner
+            return None
+        return cls(db)
+
+    def scan(self, data: bytes, start: int, end: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+
+        def on_match(i: int, _from: int, to: int, _flags: int, _ctx: Any) -> None:
+            out.append((start + to - 1, i))
+
+        view = memoryview(data)[start:end]
+        try:
+            self.db.scan(view, match_event_handler=on_match)
+        finally:
+            view.release()
+        return out
+
+
+def match_line(index: SignatureIndex, ids: Iterable[int], texts: Sequence[str]) -> list[tuple[Candidate, dict[str, str]]]:
+    """Signatures (with extracted values) matching a line, tried on each of its ``texts`` forms."""
+    found: list[tuple[Candidate, dict[str, str]]] = []
+    for cand in index.signatures_for(ids):
+        for text in texts:
+            values = cand.signature.match(text)
+            if values is not None:
+                found.append((cand, values))
+                break
+    return found

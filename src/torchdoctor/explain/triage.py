@@ -1,0 +1,205 @@
+"""From collected events to ranked diagnoses: which failure came first, what it explains.
+
+Rules, in order:
+
+1. Every (code, role) seen becomes one :class:`~.model.Diagnosis`, grouped over all ranks.
+2. The root cause is the earliest root-cause diagnosis. "Earliest" compares times when every
+   candidate's first event has a time of the same kind (timestamps carried forward per rank),
+   otherwise reading order (file order, then line). Root causes below :data:`WEAK` confidence only
+   win when there is no stronger one.
+3. Cascades never become the root cause while one exists; they are attached to it
+   (``explained_by``). Without a root cause the earliest cascade leads, with a note to look for
+   the rank that failed first.
+4. Confirmations raise the confidence of a compatible root cause (same family, or related codes)
+   and attach to it; advice is listed last and is never a cause.
+5. torchrun's summary (``Root Cause (first observed failure)``) raises confidence when it points
+   at the same rank, and supplies ``first_failure`` when no signature matched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..registry import Code, Hit
+from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
+from .normalize import RankFailure, signal_name
+from .stream import Collector, Event, Group
+
+WEAK = 0.5
+ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3}
+SHOW_UNMATCHED = 5
+MAX_RANKS_REPORTED = 4096
+
+
+def _uses_time(groups: list[Group]) -> bool:
+    """Times decide only when every group's first event has a time, all of one kind."""
+    kinds = {g.earliest_time.time[0] if g.earliest_time is not None and g.earliest_time.time else None for g in groups}
+    return len(kinds) == 1 and None not in kinds
+
+
+def _order_key(groups: list[Group]) -> Any:
+    if _uses_time(groups):
+        return lambda g: (g.earliest_time.time[1], g.earliest_time.seq)
+    return lambda g: g.first.seq
+
+
+def _first_event(g: Group, by_time: bool) -> Event:
+    return g.earliest_time if by_time and g.earliest_time is not None else g.first
+
+
+def _compatible(a: Code, b: Code) -> bool:
+    return a.family == b.family or a.code in b.related or b.code in a.related
+
+
+def _boost(confidence: float, support: float) -> float:
+    return min(0.99, 1 - (1 - confidence) * (1 - support))
+
+
+def _diagnosis(g: Group, code: Code, first: Event) -> Diagnosis:
+    values = {"rank": str(first.ref.rank) if first.ref.rank is not None else "?", **first.values}
+    if first.ref.host:
+        values.setdefault("host", first.ref.host)
+    finding = code.finding(Hit(values))
+    evidence = [first.ref] + [e.ref for e in g.evidence if e.ref != first.ref]
+    return Diagnosis(
+        code=code.code, name=code.name, family=code.family, role=g.role, confidence=g.confidence,
+        rank=first.ref.rank, host=first.ref.host, title=code.title, message=finding.message, fix=finding.fix,
+        evidence=evidence[:6], ranks=sorted(g.ranks), count=g.count, values=dict(first.values),
+        traceback=list(first.traceback), time=first.time[1] if first.time else None,
+    )
+
+
+def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> ExplainReport:
+    groups = list(col.groups.values())
+    by_role: dict[str, list[Group]] = {r: [] for r in ROLE_ORDER}
+    for g in groups:
+        by_role.setdefault(g.role, []).append(g)
+    roots = by_role["root-cause"]
+    strong = [g for g in roots if g.confidence >= WEAK] or roots
+    by_time = bool(strong) and _uses_time(strong)
+    chosen = min(strong, key=_order_key(strong)) if strong else None
+
+    diagnoses: list[Diagnosis] = []
+    root_diag: Diagnosis | None = None
+    if chosen is not None:
+        root_diag = _diagnosis(chosen, codes[chosen.code], _first_event(chosen, by_time))
+        diagnoses.append(root_diag)
+    other_roots = sorted((g for g in roots if g is not chosen), key=lambda g: g.first.seq)
+    diagnoses += [_diagnosis(g, codes[g.code], g.first) for g in other_roots]
+    for d in diagnoses[1:]:
+        d.notes.append(f"seen after the root cause {root_diag.code}" if root_diag else "")
+
+    cascades = sorted(by_role["cascade"], key=_order_key(by_role["cascade"])) if by_role["cascade"] else []
+    for g in cascades:
+        d = _diagnosis(g, codes[g.code], g.first)
+        if root_diag is not None:
+            d.explained_by = root_diag.code
+            d.notes.append(f"a symptom: explained by {root_diag.code} on rank {_rank_text(root_diag.rank)}")
+        else:
+            d.notes.append("a symptom of a failure elsewhere: no root cause was found in these logs; "
+                           "look at the rank that failed first (its own log may be missing)")
+        diagnoses.append(d)
+
+    for g in sorted(by_role["confirmation"], key=lambda g: g.first.seq):
+        d = _diagnosis(g, codes[g.code], g.first)
+        target = next((r for r in diagnoses if r.role == "root-cause" and _compatible(codes[r.code], codes[g.code])), None)
+        if target is not None:
+            target.confidence = _boost(target.confidence, 0.5 * g.confidence)
+            target.notes.append(f"confirmed by {g.code} ({g.count} line{'s' if g.count != 1 else ''})")
+            d.explained_by = target.code
+        diagnoses.append(d)
+    for g in sorted(by_role["advice"], key=lambda g: g.first.seq):
+        d = _diagnosis(g, codes[g.code], g.first)
+        d.notes.append("advice printed next to the failure: context, not a cause")
+        diagnoses.append(d)
+
+    failures = col.failures
+    elastic_root = next((f for f in failures if f.root), None)
+    if root_diag is not None and elastic_root is not None and elastic_root.rank == root_diag.rank:
+        root_diag.confidence = _boost(root_diag.confidence, 0.3)
+        root_diag.notes.append("torchrun's summary names the same rank as the first failure")
+    for d in diagnoses:
+        d.notes = [n for n in d.notes if n]
+
+    unmatched = _unmatched(col)
+    ranks = _ranks(col, failures)
+    for d in diagnoses:
+        if d.host is None and d.rank is not None and d.rank in ranks:
+            d.host = ranks[d.rank]["host"]
+    report = ExplainReport(
+        diagnoses=diagnoses,
+        first_failure=_first_failure(root_diag, elastic_root, unmatched, diagnoses),
+        ranks=ranks,
+        unmatched_errors=unmatched,
+        sources=sources,
+        lines=col.lines,
+        bytes=col.bytes,
+        notes=list(col.notes),
+        scanner=col.scanner,
+    )
+    if len(col.ranks) > MAX_RANKS_REPORTED:
+        report.notes.append(f"{len(col.ranks)} ranks had events; `ranks` lists the first {MAX_RANKS_REPORTED}")
+    report.skipped_repeats = col.skipped_repeats
+    if col.ranks_dropped:
+        report.notes.append(f"{col.ranks_dropped} events on ranks past the first {len(col.ranks)} are counted but not listed per rank")
+    return report
+
+
+def _rank_text(rank: int | None) -> str:
+    return "?" if rank is None else str(rank)
+
+
+def _unmatched(col: Collector) -> list[UnmatchedError]:
+    items = sorted(col.unmatched.values(), key=lambda t: (-t[0], t[5]))[:SHOW_UNMATCHED]
+    return [UnmatchedError(ref=r, score=s, count=n, ranks=sorted(ranks), traceback=list(tb)) for s, r, n, ranks, tb, _ in items]
+
+
+def _first_failure(
+    root: Diagnosis | None, elastic: RankFailure | None, unmatched: list[UnmatchedError], diagnoses: list[Diagnosis],
+) -> dict[str, Any] | None:
+    if root is not None:
+        ref: LineRef = root.evidence[0]
+        return {"source": "diagnosis", "code": root.code, "rank": ref.rank, "host": ref.host or root.host, "file": ref.file,
+                "line": ref.line, "time": root.time, "text": ref.text[:500]}
+    if elastic is not None:
+        out = {"source": "torchrun-summary", "code": None, **elastic.to_dict()}
+        out["text"] = out.pop("message")
+        out["time"] = elastic.time[1] if elastic.time else None
+        return out
+    top = next((u for u in unmatched if u.score >= 3), None)
+    if top is not None:
+        return {"source": "unmatched-error", "code": None, "rank": top.ref.rank, "host": top.ref.host,
+                "file": top.ref.file, "line": top.ref.line, "time": None, "text": top.ref.text[:500]}
+    return None
+
+
+def _ranks(col: Collector, failures: list[RankFailure]) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for rank, rec in sorted(col.ranks.items())[:MAX_RANKS_REPORTED]:
+        out[rank] = {
+            "host": rec.host,
+            "codes": rec.codes,
+            "first": _event_dict(rec.first) if rec.first else None,
+            "timeline": [_event_dict(e) for e in sorted(rec.timeline, key=_timeline_key)],
+            "exitcode": None,
+            "signal": None,
+        }
+    for f in failures:
+        if f.rank is None:
+            continue
+        entry = out.setdefault(f.rank, {"host": None, "codes": {}, "first": None, "timeline": [], "exitcode": None, "signal": None})
+        entry["host"] = entry["host"] or f.host
+        entry["exitcode"] = f.exitcode
+        entry["signal"] = signal_name(f.exitcode)
+        if f.root:
+            entry["torchrun_root_cause"] = True
+    return out
+
+
+def _event_dict(e: Event) -> dict[str, Any]:
+    return {"code": e.code, "role": e.role, "file": e.ref.file, "line": e.ref.line,
+            "time": e.time[1] if e.time else None, "text": e.ref.text[:300]}
+
+
+def _timeline_key(e: Event) -> Any:
+    return (e.time[0], e.time[1], e.seq) if e.time else ("", 0.0, e.seq)

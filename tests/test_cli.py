@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import subprocess
 
+import psutil
 import pytest
 
 from .conftest import FIXTURES, REPO, run_cli, run_json
@@ -165,3 +168,24 @@ def test_check_does_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to become an unprivileged user")
+def test_check_survives_a_process_limit_that_refuses_threads() -> None:
+    """RLIMIT_NPROC as an unprivileged user: no thread can start, the check still reports (inline gathering)."""
+    import resource
+
+    nobody = 65534
+    tasks = sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == nobody)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (tasks + 1, tasks + 1))
+
+    argv = ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
+            sys.executable, "-m", "torchdoctor", "check", "--no-torch", "--format", "json", "--fail-on", "never"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=limit, cwd="/")
+    if "Permission denied" in proc.stderr and proc.returncode == 126:
+        pytest.skip(f"uid {nobody} cannot run {sys.executable} here")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["command"] == "check"

@@ -156,7 +156,11 @@ def gather(ctx: GatherContext | None = None, sections: list[str] | None = None) 
     threads = []
     for name, fn in todo:
         t = threading.Thread(target=work, args=(name, fn), name=f"torchdoctor-facts-{name}", daemon=True)
-        t.start()
+        try:
+            t.start()
+        except RuntimeError:  # RLIMIT_NPROC or a pids cgroup refuses threads: gather inline instead
+            work(name, fn)
+            continue
         threads.append((name, t))
     deadline = time.monotonic() + ctx.section_timeout
     for name, t in threads:

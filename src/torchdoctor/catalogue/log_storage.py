@@ -1,0 +1,284 @@
+"""TD650-TD699: checkpoint and log files failing at the file-system level, and concurrent writers, in logs.
+
+torch.save(obj, path) reports open failures from C++ (``open file failed with strerror: ...``,
+``Parent directory ... does not exist.``) and write failures without an errno (``unexpected pos``);
+torch.save(obj, file_object) and every other writer report Python's ``OSError: [Errno N] ...``. Both
+forms are recognised. Fixtures: ``tests/fixtures/logs/<CODE>/`` (lab: ``lab/scenarios/storage.py``,
+``lab/scenarios/writes.py``).
+"""
+
+from __future__ import annotations
+
+from ..model import Severity
+from ..registry import Code, register
+from ..signature import Role, Signature
+
+_ATOMIC = ("save atomically so a failed save never replaces a good checkpoint: `torch.save(obj, tmp)` into the same "
+           "directory, then `os.replace(tmp, path)`")
+_PREFLIGHT = "`torchdoctor check --path DIR` tests a directory for this before the run starts."
+
+TD650 = register(Code(
+    code="TD650",
+    name="save-dir-missing",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="torch.save was given a path whose directory does not exist",
+    message="torch.save could not create its file: the parent directory {directory} does not exist.",
+    fix="Create it before the first save: `os.makedirs(os.path.dirname(path), exist_ok=True)` (on every node that "
+        "saves, after the path is final: a typo or a per-run subdirectory is the usual cause). " + _PREFLIGHT,
+    meaning="torch.save (zip format) checks the parent directory before opening the file and raises instead of "
+            "creating directories.",
+    why="The run directory is created on another node or by rank 0 only, a path is built with a run name that "
+        "changed, or a relative path is resolved from an unexpected working directory.",
+    false_positives="None known.",
+    related=("TD601", "TD602"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Parent directory",),
+            pattern=r"Parent directory (?P<directory>.+?) does not exist\.?\s*$",
+            confidence=0.95,
+        ),
+    ),
+))
+
+TD651 = register(Code(
+    code="TD651",
+    name="write-not-permitted",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="a write was refused with EPERM (immutable/append-only attribute or a security module)",
+    message="Opening a file for writing failed with `Operation not permitted` (EPERM){where}: mode bits do not "
+            "explain this one (even root gets it).",
+    fix="`lsattr -d DIR` (and `lsattr FILE`): if it shows `i` (immutable) or `a` (append-only), "
+        "`sudo chattr -i -a DIR`; otherwise look for an SELinux/AppArmor denial (`ls -Zd DIR`, `ausearch -m avc`; "
+        "Docker bind mounts need `:z` under SELinux). " + _PREFLIGHT,
+    meaning="EPERM on open() for writing comes from file attributes or a security module, not from ownership "
+            "(that is EACCES, TD653).",
+    why="A directory protected with `chattr +i` (datasets, shared results), append-only log directories, "
+        "SELinux labels on bind mounts, some FUSE and network file systems.",
+    false_positives="Other system calls (chown, setuid) also fail with EPERM; the torch form names the open.",
+    related=("TD604", "TD653"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("open file failed with strerror: Operation not permitted",),
+            pattern=r"open file failed with strerror: Operation not permitted",
+            values={"where": " (torch.save)"},
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD652 = register(Code(
+    code="TD652",
+    name="write-read-only-fs",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="a write went to a read-only file system",
+    message="Writing failed with `Read-only file system` (EROFS){where}: the directory lies on a read-only mount.",
+    fix="Write to a writable volume (a checkpoint or output directory that is mounted read-write), or make the "
+        "mount writable: Docker `-v SRC:DST` without `:ro`, Kubernetes `readOnly: false`; if the kernel remounted "
+        "the file system read-only after I/O errors (`dmesg`), repair it first. " + _PREFLIGHT,
+    meaning="Every write under a read-only mount fails with EROFS, for root too.",
+    why="Read-only bind mounts and container volumes, code or dataset directories used as the output directory, "
+        "ConfigMap/Secret volumes, a file system switched to read-only after errors.",
+    false_positives="None known.",
+    related=("TD605",),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("strerror: Read-only file system",),
+            pattern=r"open file failed with strerror: Read-only file system",
+            values={"where": " (torch.save)"},
+            confidence=0.9,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 30]",),
+            pattern=r"\[Errno 30\] Read-only file system(?:: '(?P<path>[^']*)')?",
+            values={"where": ""},
+            confidence=0.85,
+        ),
+    ),
+))
+
+TD653 = register(Code(
+    code="TD653",
+    name="write-permission-denied",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="a file could not be opened: permission denied (EACCES)",
+    message="Opening a file failed with `Permission denied` (EACCES){where}: the user the run runs as may not "
+            "write (or read) there.",
+    fix="Give the training user the directory (`sudo chown -R $(id -u):$(id -g) DIR` or `chmod u+w DIR`), run the "
+        "container as the volume's owner (`docker run --user UID:GID`, Kubernetes `securityContext.fsGroup`), or "
+        "write elsewhere. " + _PREFLIGHT,
+    meaning="Mode bits or ACLs refuse the user: typical when the directory was created by root (in an image, by an "
+            "earlier job run as root) and the job runs unprivileged. Root itself ignores mode bits, so tests run as "
+            "root do not see it.",
+    why="Directories created by another user, container images built as root, shared volumes with another "
+        "owner, NFS root squashing.",
+    false_positives="A permission error on a device or socket (e.g. /dev/nvidia*) is not a file-system problem "
+                    "of the run's own files.",
+    related=("TD604", "TD651"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("open file failed with strerror: Permission denied",),
+            pattern=r"open file failed with strerror: Permission denied",
+            values={"where": " (torch.save)"},
+            confidence=0.9,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 13]",),
+            pattern=r"PermissionError: \[Errno 13\] Permission denied(?:: '(?P<path>[^']*)')?",
+            exclude=(r"'/dev/",),
+            values={"where": ""},
+            confidence=0.75,
+        ),
+    ),
+))
+
+TD654 = register(Code(
+    code="TD654",
+    name="disk-full",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="a write failed: no space left on the device or quota exceeded",
+    message="A write failed with `{strerror}` (errno {errno}): the file system (or the user's quota) is full. A "
+            "checkpoint being written is left truncated.",
+    fix="Free space (`df -h DIR`, `du -xsh DIR/* | sort -h | tail`; keep only the last few checkpoints: Lightning "
+        "`save_top_k`, Hugging Face `save_total_limit`) or write to a larger volume; quota: `quota -s` (Lustre "
+        "`lfs quota -u $USER MOUNT`). Then " + _ATOMIC + ". " + _PREFLIGHT,
+    meaning="ENOSPC (28) when blocks or inodes run out, EDQUOT (122) when a quota does. The failed file stays on disk "
+            "with whatever was written, and a later torch.load fails on it (TD656).",
+    why="Checkpoints with optimizer state every epoch, growing logs and caches, several ranks saving full copies.",
+    false_positives="'No space left on device' about /dev/shm is shared memory (shm-exhausted), not the checkpoint "
+                    "disk; those lines are excluded.",
+    related=("TD606", "TD607", "TD655", "TD656"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 28]", "[Errno 122]"),
+            pattern=r"\[Errno (?P<errno>28|122)\] (?P<strerror>No space left on device|Disk quota exceeded)"
+                    r"(?:: '(?P<path>[^']*)')?",
+            exclude=(r"/dev/shm", r"shared memory"),
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD655 = register(Code(
+    code="TD655",
+    name="save-write-failed",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="torch.save stopped in the middle of writing the checkpoint",
+    message="torch.save's zip writer failed while writing ({detail}): the write was cut short, most often because "
+            "the disk or quota was full (torch.save to a path reports no errno). The file left behind is truncated.",
+    fix="Check space first (`df -h DIR`, `quota -s`), free it or write to a larger volume, and " + _ATOMIC + ". "
+        + _PREFLIGHT,
+    meaning="torch.save(obj, path) writes through a C++ stream: when a write fails it reports 'basic_ios::clear: "
+            "iostream error' or 'file write failed', and closing the archive then finds fewer bytes than expected "
+            "('unexpected pos A vs B').",
+    why="Disk full or quota exceeded in the middle of a large checkpoint; more rarely an I/O error or a network "
+        "file system going away.",
+    false_positives="'unexpected pos' also follows other write errors in the same save; read the first error of "
+                    "the traceback.",
+    related=("TD654", "TD656", "TD606"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("PytorchStreamWriter failed writing file",),
+            pattern=r"PytorchStreamWriter failed writing file (?P<record>\S+?): file write failed",
+            values={"detail": "PytorchStreamWriter: file write failed"},
+            confidence=0.8,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("unexpected pos",),
+            pattern=r"inline_container\.cc:\d+\] \. unexpected pos (?P<pos>\d+) vs (?P<expected>\d+)",
+            values={"detail": "unexpected position at the end of the archive"},
+            confidence=0.7,
+        ),
+        Signature(
+            role=Role.CONFIRMATION,
+            triggers=("basic_ios::clear: iostream error",),
+            pattern=r"basic_ios::clear: iostream error",
+            values={"detail": "basic_ios::clear: iostream error"},
+            confidence=0.5,
+        ),
+    ),
+))
+
+TD656 = register(Code(
+    code="TD656",
+    name="checkpoint-truncated",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="torch.load found a truncated or corrupted checkpoint",
+    message="torch.load could not read the checkpoint ({reason}): the file is incomplete or damaged, typically a "
+            "save that was interrupted (disk full, job killed) or a copy/download that did not finish.",
+    fix="Compare the file size with a good checkpoint (`ls -l`), resume from an earlier checkpoint or download it "
+        "again; to stop it recurring, " + _ATOMIC + ", and check free space before saving.",
+    meaning="A torch.save file is a zip archive whose central directory is written last; a file cut short has none "
+            "('failed finding central directory'), a damaged one fails on a record ('invalid header or archive is "
+            "corrupted').",
+    why="The process saving it died or ran out of space half-way and the path already held the new, partial file; "
+        "two ranks wrote the same path; an interrupted copy or download.",
+    false_positives="A file that is not a torch checkpoint at all (an HTML error page saved as .pt, a Git LFS pointer) "
+                    "gives the same message.",
+    related=("TD655", "TD654"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("PytorchStreamReader failed reading",),
+            pattern=r"PytorchStreamReader failed reading (?:zip archive|file (?P<record>\S+?)): "
+                    r"(?P<reason>failed finding central directory|invalid header or archive is corrupted)",
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD657 = register(Code(
+    code="TD657",
+    name="json-records-glued",
+    family="concurrent-write",
+    severity=Severity.WARNING,
+    area="storage",
+    title="a JSON line holds more than one record (writers interleaved)",
+    message="A JSON document was followed by more data on the same line (`JSONDecodeError: Extra data` at column "
+            "{column}): typical of a JSON-lines file appended to by several processes at once, whose records and "
+            "newlines were interleaved.",
+    fix="Write from one process (rank 0: `if dist.get_rank() == 0:`), give each process its own file "
+        "(`metrics.rank$RANK.jsonl`), or serialise the appends: `with filelock.FileLock(path + '.lock'): "
+        "f.write(line)` with the whole line in one write call.",
+    meaning="print() issues one write for the text and another for the newline; with unbuffered or line-buffered "
+            "streams shared by several processes (ranks, DataLoader workers, stdout redirected to one file), "
+            "another process's record can land in between, gluing two records onto one line and leaving an "
+            "empty one.",
+    why="Several ranks or workers appending to the same metrics or log file without coordination.",
+    false_positives="Any JSON text with trailing content on the same line gives the same error (two documents written "
+                    "to one file on purpose, a response with junk after it). Reading a whole JSON-lines file with "
+                    "json.load() fails at 'line 2 column 1' instead: that form is not matched.",
+    related=("TD610",),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Extra data: line",),
+            pattern=r"JSONDecodeError: Extra data: line (?P<line>\d+) column (?P<column>\d+) \(char (?P<char>\d+)\)",
+            # column 1: the extra data starts a new line, i.e. a whole JSON-lines file read with json.load()
+            exclude=(r"Extra data: line \d+ column 1 \(",),
+            confidence=0.55,
+        ),
+    ),
+))

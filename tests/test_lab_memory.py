@@ -1,0 +1,117 @@
+"""Closed loop for host memory and thread-pool scenarios (lab/scenarios/memory.py).
+
+For each: the real failure happens with the text its code recognises; explain names that code and
+family; the fixed variant passes; and where `torchdoctor check` has a preflight (TD205 for
+RLIMIT_AS/RLIMIT_DATA, TD209 for RLIMIT_NPROC) it reported the same limit beforehand.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torchdoctor.lab.scenarios import memory
+from torchdoctor.units import human_bytes
+
+from .test_lab import (
+    LOGS, LabRuns, assert_explained, assert_failure, assert_fixed, assert_recorded, check_json, explain_or_skip,
+    scenario_names, signature_values,
+)
+
+NAMES = scenario_names("memory")
+NOBODY = ["setpriv", f"--reuid={memory.NOBODY}", f"--regid={memory.NOBODY}", "--clear-groups", "--"]
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[LabRuns]:
+    lab = LabRuns(NAMES)
+    yield lab
+    lab.close()
+
+
+def test_the_scenarios_are_here() -> None:
+    assert {"oom-rlimit-as", "oom-rlimit-data", "oom-python-memoryerror", "oom-rlimit-before-import",
+            "threads-nproc-limit"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_failure_happens(runs: LabRuns, name: str) -> None:
+    assert_failure(name, runs.get(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
+    assert_explained(name, runs.get(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
+    assert_fixed(name, runs.get(name, fixed=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_output_is_recorded_as_a_fixture(name: str) -> None:
+    assert_recorded(name)
+
+
+# -- values extracted from the real text ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["oom-rlimit-as", "oom-rlimit-data"])
+def test_allocator_error_names_the_requested_bytes(runs: LabRuns, name: str) -> None:
+    assert signature_values("TD270", runs.get(name).text())[0]["bytes"] == str(memory.TOO_MUCH)
+
+
+def test_memoryerror_is_not_read_as_the_cpu_allocator(runs: LabRuns) -> None:
+    text = runs.get("oom-python-memoryerror").text()
+    assert signature_values("TD271", text) and not signature_values("TD270", text)
+
+
+def test_library_map_failure_names_the_library(runs: LabRuns) -> None:
+    assert signature_values("TD272", runs.get("oom-rlimit-before-import").text())[0]["library"] == "libtorch_cpu.so"
+
+
+def test_thread_creation_failure_names_the_errno_text(runs: LabRuns) -> None:
+    values = signature_values("TD280", runs.get("threads-nproc-limit").text())[0]
+    assert values["strerror"] == "Resource temporarily unavailable"
+
+
+# -- preflight: check saw the limit that the scenario then ran into -----------------------------------
+
+@pytest.mark.parametrize("which", ["RLIMIT_AS", "RLIMIT_DATA"])
+def test_check_predicts_the_address_space_limit(which: str) -> None:
+    limit = memory.LIMIT
+    rlimit = getattr(resource, which)
+    findings = check_json(preexec_fn=lambda: resource.setrlimit(rlimit, (limit, limit)))
+    assert "TD205" in findings, sorted(findings)
+    assert which in findings["TD205"]["message"] and human_bytes(limit) in findings["TD205"]["message"]
+
+
+@pytest.mark.root
+def test_check_predicts_the_nproc_limit(runs: LabRuns) -> None:
+    if not Path("/usr/bin/setpriv").exists():
+        pytest.skip("setpriv is not installed")
+    runs.get("threads-nproc-limit")  # skips when the scenario cannot run here (not root)
+    limit = memory._user_tasks(memory.NOBODY) + memory.NPROC_ROOM
+    findings = check_json(prefix=NOBODY, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit)))
+    assert "TD209" in findings, sorted(findings)
+    assert str(limit) in findings["TD209"]["message"]
+
+
+# -- explain across ranks: the OOM of one rank explains the others' cascade ---------------------------
+
+def test_torchrun_oom_fixture_names_the_oom_rank_first() -> None:
+    explain = explain_or_skip()
+    text = (LOGS / "TD270" / "lab-torchrun-peer-oom.log").read_text().split("# ---\n", 1)[1]
+    report = explain(text)
+    assert report.root_cause is not None and (report.root_cause.code, report.root_cause.rank) == ("TD270", 1)
+    cascade = next(d for d in report.diagnoses if d.code == "TD454")
+    assert cascade.role == "cascade" and cascade.rank == 0 and cascade.explained_by == "TD270"
+
+
+def test_kernel_oom_kill_values_from_a_public_report() -> None:
+    text = (LOGS / "TD273" / "bigbang-494-killed-and-kernel-line.log").read_text()
+    assert {"pid": "10245", "process": "python3"}.items() <= signature_values("TD273", text)[0].items()
+    assert signature_values("TD274", text)  # the shell's bare "Killed" confirms it

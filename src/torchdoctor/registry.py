@@ -120,7 +120,7 @@ class Code:
         )
 
 
-class _SafeDict(dict):  # type: ignore[type-arg]
+class _SafeDict(dict[str, Any]):
     """Leaves an unfilled placeholder visible instead of raising KeyError."""
 
     def __missing__(self, key: str) -> str:

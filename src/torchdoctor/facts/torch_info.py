@@ -38,7 +38,7 @@ def _version_module(path: Path) -> dict[str, Any]:
 def _distributions(prefix: str) -> list[str]:
     names = []
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name") or ""
+        name = (dist.metadata.get_all("Name") or [""])[0]
         if name.lower().startswith(prefix):
             names.append(f"{name}=={dist.version}")
     return sorted(set(names))

@@ -39,3 +39,181 @@ TD150 = register(Code(
         ),
     ),
 ))
+
+_FD_RAISE = ("Raise the soft open-file limit before training starts (`ulimit -n $(ulimit -Hn)` in the job script; "
+             "Docker `--ulimit nofile=65536:65536`)")
+
+TD151 = register(Code(
+    code="TD151",
+    name="shm-open-emfile",
+    family="fd-exhausted",
+    severity=Severity.ERROR,
+    area="shm",
+    title="sharing a tensor failed: no file descriptor left to open its shared-memory segment",
+    message="torch could not open the shared-memory segment `{segment}` for a tensor (`Too many open files (24)`): "
+            "under the file_descriptor strategy every shared storage keeps one descriptor open, and this process "
+            "reached RLIMIT_NOFILE. Typically a DataLoader with spawn/forkserver workers pickling a dataset of many "
+            "tensors, or many tensors sent through torch.multiprocessing queues.",
+    fix=_FD_RAISE + ". Or let the loader fork so only batches are shared: `DataLoader(..., "
+        "multiprocessing_context=\"fork\")`. Or `torch.multiprocessing.set_sharing_strategy(\"file_system\")` right "
+        "after `import torch` (then vm.max_map_count bounds the count, TD110). Or hold the data in a few large "
+        "tensors / numpy arrays.",
+    meaning="The file_descriptor strategy (torch's default on Linux) creates a POSIX shared-memory segment per storage "
+            "and passes it around as an open descriptor; the sender keeps it open while the storage lives. When the "
+            "process already has RLIMIT_NOFILE descriptors open, shm_open fails with EMFILE (24).",
+    why="A soft open-file limit of 1024 (or a few thousand) against a dataset or queue traffic of more storages "
+        "than that: with spawn/forkserver the whole Dataset is pickled to each worker, each tensor in it a storage.",
+    false_positives="Descriptors leaked by other code (files never closed, sockets) exhaust the same limit; "
+                    "`ls /proc/PID/fd | wc -l` shows what holds them.",
+    related=("TD111", "TD112", "TD150", "TD152"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("unable to open shared memory object",),
+            pattern=r"unable to open shared memory object <(?P<segment>[^>]+)> in (?P<mode>[\w-]+) mode: "
+                    r"Too many open files \(24\)",
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD152 = register(Code(
+    code="TD152",
+    name="loader-too-many-open-files",
+    family="fd-exhausted",
+    severity=Severity.ERROR,
+    area="shm",
+    title="the DataLoader ran out of file descriptors receiving batches",
+    message="The DataLoader could not receive a batch (`Too many open files. Communication with the workers is no "
+            "longer possible`): the main process reached RLIMIT_NOFILE, because under the file_descriptor strategy "
+            "each batch storage it still holds keeps one descriptor open.",
+    fix="Do not keep batches (or tensors sliced from them) alive across iterations: keep `.item()`/`.tolist()` or "
+        "`.clone()` results instead. " + _FD_RAISE + ". Or call "
+        "`torch.multiprocessing.set_sharing_strategy(\"file_system\")` at the start of the program, as torch's "
+        "message suggests.",
+    meaning="Workers send every batch as shared-memory storages passed by file descriptor; the main process holds one "
+            "descriptor per storage until the tensor is freed. The DataLoader turns the resulting EMFILE into this "
+            "RuntimeError.",
+    why="Accumulating batches or outputs that are views of them (a list of every batch, metrics kept as tensors), "
+        "many tensors per sample, or a low soft limit (1024).",
+    false_positives="Descriptors leaked elsewhere in the main process (files, sockets) reach the same limit.",
+    related=("TD111", "TD150", "TD151"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Communication with the workers is no longer possible",),
+            pattern=r"Too many open files\. Communication with the workers is no longer possible",
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD155 = register(Code(
+    code="TD155",
+    name="shm-mmap-map-count",
+    family="shm-map-count",
+    severity=Severity.ERROR,
+    area="shm",
+    title="sharing a tensor failed: the process ran out of memory mappings (vm.max_map_count)",
+    message="torch could not map the {bytes}-byte shared segment `{segment}` (`Cannot allocate memory (12)`): with the "
+            "{strategy} strategy every shared tensor storage is one memory mapping, and this process reached "
+            "vm.max_map_count (65530 by default). Not a shortage of RAM: many small storages, typically a dataset "
+            "of tensors pickled to spawn/forkserver DataLoader workers.",
+    fix="Let the loader fork so only batches are shared: `DataLoader(dataset, num_workers=N, "
+        "multiprocessing_context=\"fork\")` (a DataLoader created in a spawn/forkserver child inherits that method). "
+        "Or hold the data in a few large storages (`torch.stack` into one tensor, numpy arrays) or load samples "
+        "lazily in `__getitem__`. Or, as root on the host: `sysctl -w vm.max_map_count=1048576` (not settable in a "
+        "container). Check beforehand with `torchdoctor check --sharing-strategy file_system --start-method spawn`.",
+    meaning="The file_system strategy shares each storage as a named segment `/torch_<pid>_…` that the sharing process "
+            "maps; each mapping counts against vm.max_map_count, so at one page per small tensor about 65k storages "
+            "(≈ 256 MiB) fit. mmap then fails with ENOMEM (12) although plenty of memory is free.",
+    why="With spawn or forkserver the whole Dataset is pickled to each worker and every tensor inside it shared; a "
+        "list of tens of thousands of small tensors passes the limit. file_system is chosen to avoid the descriptor "
+        "limit (TD151) or is the only strategy on macOS.",
+    false_positives="The same errno from a real memory shortage (a tight RLIMIT_AS, an overcommitted host) reads "
+                    "alike; `wc -l /proc/PID/maps` near vm.max_map_count confirms the map count.",
+    related=("TD110", "TD112", "TD151"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("unable to mmap",),
+            pattern=r"unable to mmap (?P<bytes>\d+) bytes from file <(?P<segment>/torch_[^>]*)>: "
+                    r"Cannot allocate memory \(12\)",
+            confidence=0.9,
+            values={"strategy": "file_system"},
+        ),
+    ),
+))
+
+_SHM_FIX = ("Give the container a larger /dev/shm: Docker `--shm-size=8g` (or `--ipc=host`), Kubernetes an "
+            "`emptyDir: {{medium: Memory, sizeLimit: 8Gi}}` mounted at /dev/shm. Or need less of it: smaller batches, "
+            "fewer workers, a lower `prefetch_factor`. `torchdoctor check --num-workers N --batch-bytes SIZE` "
+            "computes what the loader needs.")
+
+TD156 = register(Code(
+    code="TD156",
+    name="shm-allocate-no-space",
+    family="shm-exhausted",
+    severity=Severity.ERROR,
+    area="shm",
+    title="/dev/shm is full: a shared tensor could not be allocated",
+    message="torch could not allocate the shared-memory segment `{segment}` (`No space left on device (28)`): the "
+            "tmpfs at /dev/shm is too small or full for the batches DataLoader workers hand over (workers × "
+            "prefetch_factor × batch size, plus whatever else lives there).",
+    fix=_SHM_FIX,
+    meaning="DataLoader workers build each batch directly in a POSIX shared-memory segment (a file in /dev/shm) and "
+            "torch reserves its full size up front, so a full tmpfs fails here with ENOSPC instead of a later bus "
+            "error.",
+    why="Containers get a 64 MiB /dev/shm by default; large batches (images, video) with several workers and "
+        "prefetching need hundreds of MiB; leaked segments of killed runs also take space.",
+    false_positives="A /dev/shm filled by another program (or leaked `torch_*` segments) gives the same error with a "
+                    "loader that fits; `df -h /dev/shm` and `ls -la /dev/shm` tell.",
+    related=("TD102", "TD103", "TD104", "TD157"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("unable to allocate shared memory(shm)",),
+            pattern=r"unable to allocate shared memory\(shm\) for file <(?P<segment>[^>]+)>: "
+                    r"No space left on device \(28\)",
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD157 = register(Code(
+    code="TD157",
+    name="loader-worker-bus-error",
+    family="shm-exhausted",
+    severity=Severity.ERROR,
+    area="shm",
+    title="a DataLoader worker died of a bus error: shared memory ran out",
+    message="A DataLoader worker was killed by SIGBUS ({how}): it wrote to a shared mapping whose page the tmpfs at "
+            "/dev/shm could not provide, almost always because /dev/shm is too small or full.",
+    fix=_SHM_FIX + " Code that maps its own files from /dev/shm (`torch.from_file(..., shared=True)`, "
+                   "`np.memmap`) should size them within `df /dev/shm` or use a disk path.",
+    meaning="A sparse file mapped from a tmpfs gets its pages when they are first written; with no space left the "
+            "kernel cannot back the page and sends SIGBUS instead of returning an error. torch's worker signal "
+            "handler prints the shm hint, the main process then reports the worker killed by 'Bus error'.",
+    why="A 64 MiB container /dev/shm, shared mappings written by dataset code, or older torch versions that did not "
+        "pre-allocate their segments.",
+    false_positives="SIGBUS also comes from a file truncated while mapped (a dataset file rewritten during training) "
+                    "or failing storage behind an mmap; then /dev/shm has room.",
+    related=("TD102", "TD103", "TD156", "TD564"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Unexpected bus error encountered in worker",),
+            pattern=r"Unexpected bus error encountered in worker\. This might be caused by insufficient shared "
+                    r"memory \(shm\)",
+            confidence=0.9,
+            values={"how": "the worker's own signal handler reported it"},
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("is killed by signal: Bus error",),
+            pattern=r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: Bus error",
+            confidence=0.85,
+            values={"how": "the main process saw the worker die of 'Bus error'"},
+        ),
+    ),
+))

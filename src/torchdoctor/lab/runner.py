@@ -141,6 +141,30 @@ def _kill_session(sid: int) -> None:
             pass
 
 
+SHM_MANAGER = "torch_shm_manager"
+SHM_MANAGER_GRACE = 2.0
+
+
+def _reap_session(sid: int) -> None:
+    """Kill what the child left behind, but let torch_shm_manager unlink its segments first.
+
+    The manager removes the ``file_system`` segments of its clients when they disconnect and
+    then exits by itself; killing it at once would leave ``/torch_*`` files behind in /dev/shm.
+    """
+    managers = []
+    for p in _session_members(sid):
+        try:
+            if p.name() == SHM_MANAGER:
+                managers.append(p)
+            else:
+                p.kill()
+        except psutil.Error:
+            continue
+    if managers:
+        psutil.wait_procs(managers, timeout=SHM_MANAGER_GRACE)
+    _kill_session(sid)
+
+
 def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRecord:
     """Run one scenario (or its fixed variant) and capture what really happened."""
     argv, shm = _child_argv(s, fixed)
@@ -162,7 +186,7 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRe
 
     def reader() -> None:
         assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr,attr-defined]
             chunks.append(chunk)
             size[0] += len(chunk)
             while size[0] > OUTPUT_LIMIT and len(chunks) > 2:  # keep the head and the newest output
@@ -193,7 +217,7 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRe
         raise
     finally:
         proc.wait()
-        _kill_session(proc.pid)  # orphaned workers of a crashed owner
+        _reap_session(proc.pid)  # orphaned workers of a crashed owner
         t.join(5)
     record.seconds = round(time.perf_counter() - start, 2)
     record.exit_code = proc.returncode

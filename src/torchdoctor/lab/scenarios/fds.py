@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import scenario
 
 LOW_NOFILE = 256
 TENSORS = 1000
 
 
-def _producer(q, done, n: int) -> None:  # type: ignore[no-untyped-def]
+def _producer(q: Any, done: Any, n: int) -> None:
     import torch
 
     for i in range(n):
@@ -26,6 +28,7 @@ def _producer(q, done, n: int) -> None:  # type: ignore[no-untyped-def]
     fix="torch.multiprocessing.set_sharing_strategy('file_system') in both processes",
     seconds=3.0,
     timeout=60.0,
+    private_shm=True,  # the fixed variant shares through /dev/shm files (file_system)
 )
 def fd_queue_ancdata(fixed: bool) -> None:
     import resource
@@ -50,3 +53,55 @@ def fd_queue_ancdata(fixed: bool) -> None:
         if p.is_alive():
             p.kill()
     print(f"received {len(kept)} tensors")
+
+
+def _lower_nofile() -> None:
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_NOFILE, hard))
+
+
+@scenario(
+    name="fd-spawn-dataset",
+    family="fd-exhausted",
+    code="TD151",
+    summary=f"a DataLoader with spawn workers pickles a dataset of {TENSORS} tensors under the file_descriptor "
+            f"strategy with RLIMIT_NOFILE {LOW_NOFILE}: 'unable to open shared memory object … Too many open files (24)'",
+    fix="DataLoader(..., multiprocessing_context='fork'): the dataset is inherited, only batches are shared",
+    seconds=3.0,
+    timeout=60.0,
+)
+def fd_spawn_dataset(fixed: bool) -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+    _lower_nofile()
+    data: Any = [torch.full((96,), float(i)) for i in range(TENSORS)]
+    loader = DataLoader(data, batch_size=64, num_workers=2, multiprocessing_context="fork" if fixed else "spawn")
+    print(f"iterated {sum(len(b) for b in loader)} samples")
+
+
+@scenario(
+    name="fd-loader-kept-batches",
+    family="fd-exhausted",
+    code="TD152",
+    summary=f"the main process keeps every batch from 2 fork workers (500 batches, one storage each) with "
+            f"RLIMIT_NOFILE {LOW_NOFILE}: the DataLoader's own 'Too many open files. Communication with the "
+            "workers is no longer possible'",
+    fix="torch.multiprocessing.set_sharing_strategy('file_system') at the start (as torch's message says)",
+    seconds=2.5,
+    timeout=60.0,
+    private_shm=True,  # the fixed variant shares through /dev/shm files (file_system)
+)
+def fd_loader_kept_batches(fixed: bool) -> None:
+    import torch
+    import torch.multiprocessing as mp
+    from torch.utils.data import DataLoader
+
+    _lower_nofile()
+    if fixed:
+        mp.set_sharing_strategy("file_system")
+    data: Any = [torch.full((96,), float(i)) for i in range(TENSORS)]
+    kept = list(DataLoader(data, batch_size=2, num_workers=2))  # every batch kept: one descriptor each
+    print(f"kept {len(kept)} batches")

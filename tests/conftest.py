@@ -34,3 +34,40 @@ def run_json(*args: str, **kw: Any) -> dict[str, Any]:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# -- guard: the suite must leave nothing of torch's in the real /dev/shm ------------------------
+_SHM = Path("/dev/shm")
+
+
+def _torch_segments() -> set[str]:
+    try:
+        return {p.name for p in _SHM.iterdir() if p.name.startswith("torch_")}
+    except OSError:
+        return set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._torchdoctor_shm_before = _torch_segments()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = getattr(session.config, "_torchdoctor_shm_before", set())
+    leaked = []
+    for name in sorted(_torch_segments() - before):
+        pid = name.split("_")[1] if name.count("_") >= 1 else ""
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            leaked.append(name)
+    if leaked:
+        # The creators were processes this test run started and they are gone: remove what they left,
+        # and fail the run so that the test that leaked gets fixed.
+        for name in leaked:
+            try:
+                (_SHM / name).unlink()
+            except OSError:
+                pass
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"FAILED: the test run leaked {len(leaked)} torch segment(s) into the real /dev/shm "
+                                f"(removed): {', '.join(leaked[:5])}", red=True)
+        session.exitstatus = 1

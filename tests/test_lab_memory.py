@@ -115,3 +115,39 @@ def test_kernel_oom_kill_values_from_a_public_report() -> None:
     text = (LOGS / "TD273" / "bigbang-494-killed-and-kernel-line.log").read_text()
     assert {"pid": "10245", "process": "python3"}.items() <= signature_values("TD273", text)[0].items()
     assert signature_values("TD274", text)  # the shell's bare "Killed" confirms it
+
+
+# -- older and other wordings of host OOM, from public reports (fixtures cite them) --------------------
+
+def _fixture_text(code: str, name: str) -> str:
+    return (LOGS / code / name).read_text(encoding="utf-8").split("# ---\n", 1)[1]
+
+
+@pytest.mark.parametrize(("name", "gigabytes"), [("dreamtime-112-percent-d-gb.log", "%d"),
+                                                 ("gvcnn-7-th-whole-gb.log", "0")])
+def test_old_allocator_wording_in_whole_gb(name: str, gigabytes: str) -> None:
+    values = signature_values("TD270", _fixture_text("TD270", name))
+    assert values and values[0]["gigabytes"] == gigabytes and "whole GB" in values[0]["request"]
+
+
+def test_allocator_wording_in_bytes_names_the_request() -> None:
+    values = signature_values("TD270", _fixture_text("TD270", "tiny-faces-12-bytes-buy-new-ram.log"))
+    assert values[0]["bytes"] == "113246208" and values[0]["request"] == "113246208 bytes"
+
+
+@pytest.mark.parametrize("name", ["self-critical-11-python2-fork.log", "person-reid-193-fork-loop.log"])
+def test_fork_enomem_is_its_own_code(name: str) -> None:
+    text = _fixture_text("TD275", name)
+    assert signature_values("TD275", text) and not signature_values("TD270", text)
+
+
+@pytest.mark.parametrize("name", ["oom-rlimit-as", "oom-rlimit-data"])
+def test_allocator_error_code_12_is_not_a_failed_fork(runs: LabRuns, name: str) -> None:
+    assert not signature_values("TD275", runs.get(name).text())
+
+
+def test_fork_enomem_is_the_root_cause() -> None:
+    explain = explain_or_skip()
+    root = explain(_fixture_text("TD275", "self-critical-11-python2-fork.log")).root_cause
+    assert root is not None and (root.code, root.family) == ("TD275", "host-oom")
+    assert "forkserver" in root.fix and "num_workers" in root.fix

@@ -58,7 +58,7 @@ def _in_private_mount(script: str) -> list[str]:
 def test_the_scenarios_are_here() -> None:
     assert {"ckpt-save-missing-dir", "ckpt-save-immutable-dir", "ckpt-save-readonly-mount",
             "ckpt-save-permission-denied", "ckpt-save-disk-full", "ckpt-save-disk-full-fileobj",
-            "ckpt-load-truncated"} <= set(NAMES)
+            "ckpt-load-truncated", "ckpt-legacy-save-disk-full", "ckpt-save-io-error"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -105,6 +105,27 @@ def test_full_disk_leaves_a_truncated_file(runs: LabRuns) -> None:
 def test_full_disk_through_a_file_object_gives_the_errno(runs: LabRuns) -> None:
     values = signature_values("TD654", runs.get("ckpt-save-disk-full-fileobj").text())[0]
     assert (values["errno"], values["strerror"]) == ("28", "No space left on device")
+
+
+def test_legacy_writer_names_the_full_disk(runs: LabRuns) -> None:
+    text = runs.get("ckpt-legacy-save-disk-full").text()
+    values = signature_values("TD654", text)[0]
+    assert (values["errno"], values["strerror"]) == ("28", "No space left on device") and int(values["fd"]) >= 0
+    assert not signature_values("TD658", text)  # ENOSPC through the same write loop is not an I/O error
+
+
+def test_thin_disk_running_out_is_an_io_error(runs: LabRuns) -> None:
+    text = runs.get("ckpt-save-io-error").text()
+    values = signature_values("TD658", text)[0]
+    assert values["call"] == "write" and int(values["fd"]) >= 0
+    assert not signature_values("TD654", text)  # the file system thought it had room: EIO, not ENOSPC
+
+
+def test_no_loop_device_is_left_behind(runs: LabRuns) -> None:
+    runs.get("ckpt-save-io-error"), runs.get("ckpt-save-io-error", fixed=True)
+    proc = subprocess.run(["losetup", "--list", "--noheadings", "--output", "BACK-FILE"], capture_output=True,
+                          text=True, check=False)
+    assert "torchdoctor-lab-thin-backing" not in proc.stdout
 
 
 def test_truncated_checkpoint_has_no_central_directory(runs: LabRuns) -> None:

@@ -1,14 +1,20 @@
-"""Closed loop for uncoordinated appends to one file (lab/scenarios/writes.py).
+"""Closed loop for uncoordinated writers (lab/scenarios/writes.py).
 
-The failing run really interleaves the writers (records glued onto one line, empty lines) and the
-reader's own JSONDecodeError is what explain reads (TD657); with a file lock around each record the
-same writers produce a file where every line parses. No preflight exists for this on a local file
-system (TD610 warns about network file systems only).
+writes-shared-jsonl: the failing run really interleaves the writers (records glued onto one line,
+empty lines) and the reader's own JSONDecodeError is what explain reads (TD657); with a file lock
+around each record the same writers produce a file where every line parses.
+writes-ranks-rename-*: every rank renames a staging directory to the final checkpoint name; one
+rename wins, the others fail (ENOENT or ENOTEMPTY, TD659); with one publisher every shard arrives.
+writes-ranks-same-checkpoint: every rank torch.saves one path; torch.load then finds storages at
+the wrong offsets (TD660); saving from rank 0 only resumes every round.
+No preflight exists for these on a local file system (TD610 warns about network file systems only).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -37,24 +43,36 @@ def _summary(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in m.groupdict().items()}
 
 
-def test_the_scenario_is_here() -> None:
-    assert NAMES == ["writes-shared-jsonl"]
+def test_the_scenarios_are_here() -> None:
+    assert set(NAMES) == {"writes-shared-jsonl", "writes-ranks-rename-staging", "writes-ranks-rename-own-staging",
+                          "writes-ranks-same-checkpoint"}
 
 
-def test_failure_happens(runs: LabRuns) -> None:
-    assert_failure("writes-shared-jsonl", runs.get("writes-shared-jsonl"))
+@pytest.mark.parametrize("name", NAMES)
+def test_failure_happens(runs: LabRuns, name: str) -> None:
+    assert_failure(name, runs.get(name))
 
 
-def test_explain_names_the_code(runs: LabRuns) -> None:
-    assert_explained("writes-shared-jsonl", runs.get("writes-shared-jsonl"))
+@pytest.mark.parametrize("name", NAMES)
+def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
+    assert_explained(name, runs.get(name))
 
 
-def test_fixed_variant_passes(runs: LabRuns) -> None:
-    assert_fixed("writes-shared-jsonl", runs.get("writes-shared-jsonl", fixed=True))
+@pytest.mark.parametrize("name", NAMES)
+def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
+    assert_fixed(name, runs.get(name, fixed=True))
 
 
-def test_output_is_recorded_as_a_fixture() -> None:
-    assert_recorded("writes-shared-jsonl")
+@pytest.mark.parametrize("name", NAMES)
+def test_output_is_recorded_as_a_fixture(name: str) -> None:
+    assert_recorded(name)
+
+
+def test_no_temporary_directory_is_left_behind(runs: LabRuns) -> None:
+    for name in NAMES:  # wait for every run, failing and fixed
+        runs.get(name), runs.get(name, fixed=True)
+    assert not [p for p in os.listdir(tempfile.gettempdir())
+                if p.startswith(("torchdoctor-lab-writes-", "torchdoctor-lab-publish-", "torchdoctor-lab-samepath-"))]
 
 
 def test_the_writers_really_interleaved(runs: LabRuns) -> None:
@@ -74,3 +92,49 @@ def test_the_lock_leaves_every_line_whole(runs: LabRuns) -> None:
     found = _summary(runs.get("writes-shared-jsonl", fixed=True).text())
     assert found == {"written": writes.WRITERS * writes.RECORDS, "writers": writes.WRITERS,
                      "ok": writes.WRITERS * writes.RECORDS, "torn": 0, "empty": 0, "lost": 0}
+
+
+# -- ranks publishing one checkpoint directory (TD659) -------------------------------------------------
+
+PUBLISHED = re.compile(r"checkpoint-\d+: \[(?P<files>[^]]*)\]; left in \S+: \[(?P<left>[^]]*)\]")
+
+
+def test_shared_staging_rename_loses_the_source(runs: LabRuns) -> None:
+    values = signature_values("TD659", runs.get("writes-ranks-rename-staging").text())
+    assert values, "no rename failure in the output"
+    assert values[0]["source"].endswith(f"/tmp-checkpoint-{writes.STEP}")
+    assert values[0]["target"].endswith(f"/checkpoint-{writes.STEP}")
+    assert "ENOENT" in values[0]["what"]
+
+
+def test_own_staging_rename_finds_the_final_directory_full(runs: LabRuns) -> None:
+    values = signature_values("TD659", runs.get("writes-ranks-rename-own-staging").text())
+    assert values, "no rename failure in the output"
+    assert os.path.basename(values[0]["source"]).startswith("tmp-checkpoint-")
+    assert values[0]["target"].endswith(f"/checkpoint-{writes.STEP}") and "ENOTEMPTY" in values[0]["what"]
+
+
+@pytest.mark.parametrize("name", ["writes-ranks-rename-staging", "writes-ranks-rename-own-staging"])
+def test_one_publisher_delivers_every_shard(runs: LabRuns, name: str) -> None:
+    m = PUBLISHED.search(runs.get(name, fixed=True).text())
+    assert m, runs.get(name, fixed=True).tail()
+    assert m["files"] == ", ".join(f"'rng_state_{r}.pth'" for r in range(writes.RANKS))
+    assert m["left"] == f"'checkpoint-{writes.STEP}'"  # no staging directory left behind
+
+
+# -- ranks saving one checkpoint path (TD660) ----------------------------------------------------------
+
+def test_concurrent_saves_leave_storages_at_wrong_offsets(runs: LabRuns) -> None:
+    text = runs.get("writes-ranks-same-checkpoint").text()
+    rounds = re.findall(r"^round (\d+): (\d+) bytes saved by (\d+) process", text, re.MULTILINE)
+    assert rounds and all(int(n) == writes.RANKS for _, _, n in rounds)
+    assert len(rounds) <= writes.SAVE_ROUNDS
+    assert signature_values("TD660", text), text[-2000:]
+    assert not signature_values("TD656", text)  # the legacy format does not fail like a truncated zip
+
+
+def test_saving_from_one_rank_resumes_every_round(runs: LabRuns) -> None:
+    text = runs.get("writes-ranks-same-checkpoint", fixed=True).text()
+    assert f"resumed {writes.SAVE_ROUNDS} of {writes.SAVE_ROUNDS} times" in text
+    sizes = set(re.findall(r"^round \d+: (\d+) bytes saved by 1 process", text, re.MULTILINE))
+    assert len(sizes) == 1  # one writer: the same file every round

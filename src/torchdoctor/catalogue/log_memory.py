@@ -25,16 +25,20 @@ TD270 = register(Code(
     severity=Severity.ERROR,
     area="memory",
     title="torch could not allocate host memory for a CPU tensor",
-    message="torch's CPU allocator was refused {bytes} bytes (`DefaultCPUAllocator: can't allocate memory`): the "
-            "process reached a memory limit (RLIMIT_AS/RLIMIT_DATA, a cgroup limit, strict overcommit) or the host "
-            "ran out of RAM.",
-    fix="Check the request against the limits: " + _LIMIT_FIX,
-    meaning="Every CPU tensor's storage comes from posix_memalign in c10's DefaultCPUAllocator; when the kernel "
-            "refuses the mapping (ENOMEM), torch raises this RuntimeError with the requested size. The process keeps "
-            "running, so the traceback names the exact operation.",
+    message="torch's CPU allocator could not get {request} from the operating system: the process reached a "
+            "memory limit (RLIMIT_AS/RLIMIT_DATA, a cgroup limit, strict overcommit; on Windows the commit limit, "
+            "RAM plus page file) or the host ran out of RAM.",
+    fix="Check the request against the limits: " + _LIMIT_FIX + " On Windows ('not enough memory'), enlarge the "
+        "page file (System > Advanced system settings > Performance > Virtual memory) or close other programs.",
+    meaning="Every CPU tensor's storage comes from c10's DefaultCPUAllocator (TH's allocator before torch 1.0); when "
+            "the OS refuses the allocation, torch raises this RuntimeError with the requested size. The wording "
+            "changed over the years: 'can't allocate memory: you tried to allocate N bytes. Error code 12' (Linux), "
+            "'not enough memory: you tried to allocate N bytes' (Windows), and in old versions 'not enough memory: "
+            "you tried to allocate NGB. Buy new RAM!' (the size rounded down to whole GB, or a literal '%dGB'). The "
+            "process keeps running, so the traceback names the exact operation.",
     why="A per-process address-space or data limit (`ulimit -v` / `-d` on shared login or batch nodes), "
-        "vm.overcommit_memory=2, or a genuinely huge tensor (a size computed from the wrong shape, a whole dataset "
-        "materialised at once).",
+        "vm.overcommit_memory=2, a Windows page file too small for the model, or a genuinely huge tensor (a size "
+        "computed from the wrong shape, a whole dataset materialised at once).",
     false_positives="None known for the message itself; a request of absurd size (terabytes) points at a shape bug "
                     "rather than at a limit.",
     related=("TD205", "TD201", "TD208", "TD271"),
@@ -43,7 +47,16 @@ TD270 = register(Code(
             role=Role.ROOT_CAUSE,
             triggers=("DefaultCPUAllocator",),
             pattern=r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate "
-                    r"(?P<bytes>\d+) bytes",
+                    r"(?P<request>(?P<bytes>\d+) bytes)",
+            confidence=0.95,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Buy new RAM!",),
+            pattern=r"(?:DefaultCPUAllocator|Torch): not enough memory: you tried to allocate (?P<gigabytes>\d+|%d)GB"
+                    r"\. Buy new RAM!",
+            values={"request": "the requested memory (old versions print it in whole GB, rounded down, or as "
+                                "'%dGB')"},
             confidence=0.95,
         ),
     ),
@@ -187,6 +200,44 @@ TD274 = register(Code(
             pattern=r"process (?P<process_index>\d+) terminated with signal SIGKILL",
             values={"how": "torch.multiprocessing.spawn: terminated with signal SIGKILL"},
             confidence=0.5,
+        ),
+    ),
+))
+
+TD275 = register(Code(
+    code="TD275",
+    name="enomem-fork",
+    family="host-oom",
+    severity=Severity.ERROR,
+    area="memory",
+    title="the kernel refused memory to a system call (ENOMEM), typically fork() starting workers",
+    message="A system call failed with `[Errno 12] Cannot allocate memory` (ENOMEM). When the traceback ends in "
+            "`os.fork()` (DataLoader workers or a multiprocessing pool starting), the kernel refused to commit a copy "
+            "of this process's memory for the child: strict overcommit (vm.overcommit_memory=2), little free RAM "
+            "and swap for a large parent, or a container/VM memory limit.",
+    fix="Start workers from a small process, or fewer of them: `DataLoader(..., multiprocessing_context="
+        "'forkserver')` (or 'spawn'), a lower `num_workers`, `persistent_workers=True` (workers forked once, not at "
+        "every epoch); keep the parent small before the loader starts (load data lazily, numpy arrays instead of "
+        "Python lists of objects, free what training does not need); add swap. Check the policy: "
+        "`cat /proc/sys/vm/overcommit_memory; grep -i commit /proc/meminfo` (`torchdoctor check` reports strict "
+        "overcommit as TD208).",
+    meaning="fork() duplicates the parent's address space copy-on-write, but the kernel still accounts the "
+            "parent's private writable memory for the child. Under strict overcommit it must fit under CommitLimit; "
+            "under the default heuristic a fork of a very large process can still be refused when RAM and swap are "
+            "short. Python raises OSError errno 12 at `self.pid = os.fork()`; the same errno from mmap or other "
+            "calls also means the kernel had no memory (or address space) to give.",
+    why="A training process holding a large dataset or model in RAM that starts DataLoader workers (again at every "
+        "epoch without persistent workers), several ranks per node doing the same, hosts configured with "
+        "vm.overcommit_memory=2, no swap.",
+    false_positives="ENOMEM from mmap can also mean the address-space limit (RLIMIT_AS) or the map-count limit; the "
+                    "torch form `unable to mmap ... Cannot allocate memory (12)` is shared memory (TD15x), not this.",
+    related=("TD208", "TD270", "TD273"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 12] Cannot allocate memory",),
+            pattern=r"\[Errno 12\] Cannot allocate memory(?:: '(?P<path>[^']*)')?",
+            confidence=0.8,
         ),
     ),
 ))

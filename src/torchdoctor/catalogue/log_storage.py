@@ -3,8 +3,10 @@
 torch.save(obj, path) reports open failures from C++ (``open file failed with strerror: ...``,
 ``Parent directory ... does not exist.``) and write failures without an errno (``unexpected pos``);
 torch.save(obj, file_object) and every other writer report Python's ``OSError: [Errno N] ...``. Both
-forms are recognised. Fixtures: ``tests/fixtures/logs/<CODE>/`` (lab: ``lab/scenarios/storage.py``,
-``lab/scenarios/writes.py``).
+forms are recognised, as is torch's own read/write loop of the pre-1.6 format (``write(): fd N
+failed with <strerror>``). Concurrent writers (TD657, TD659, TD660) are recognised by what they
+leave behind: glued records, lost renames, storages at the wrong offsets. Fixtures:
+``tests/fixtures/logs/<CODE>/`` (lab: ``lab/scenarios/storage.py``, ``lab/scenarios/writes.py``).
 """
 
 from __future__ import annotations
@@ -157,8 +159,10 @@ TD654 = register(Code(
     fix="Free space (`df -h DIR`, `du -xsh DIR/* | sort -h | tail`; keep only the last few checkpoints: Lightning "
         "`save_top_k`, Hugging Face `save_total_limit`) or write to a larger volume; quota: `quota -s` (Lustre "
         "`lfs quota -u $USER MOUNT`). Then " + _ATOMIC + ". " + _PREFLIGHT,
-    meaning="ENOSPC (28) when blocks or inodes run out, EDQUOT (122) when a quota does. The failed file stays on disk "
-            "with whatever was written, and a later torch.load fails on it (TD656).",
+    meaning="ENOSPC (28) when blocks or inodes run out, EDQUOT (122) when a quota does. Python names the errno "
+            "(`OSError: [Errno 28] ...`); torch's own write loop (storages of the pre-1.6 format, "
+            "`_use_new_zipfile_serialization=False`) says `write(): fd N failed with No space left on device`. The "
+            "failed file stays on disk with whatever was written, and a later torch.load fails on it (TD656).",
     why="Checkpoints with optimizer state every epoch, growing logs and caches, several ranks saving full copies.",
     false_positives="'No space left on device' about /dev/shm is shared memory (shm-exhausted), not the checkpoint "
                     "disk; those lines are excluded.",
@@ -170,6 +174,20 @@ TD654 = register(Code(
             pattern=r"\[Errno (?P<errno>28|122)\] (?P<strerror>No space left on device|Disk quota exceeded)"
                     r"(?:: '(?P<path>[^']*)')?",
             exclude=(r"/dev/shm", r"shared memory"),
+            confidence=0.9,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("failed with No space left on device",),
+            pattern=r"write\(\): fd (?P<fd>\d+) failed with (?P<strerror>No space left on device)",
+            values={"errno": "28"},
+            confidence=0.9,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("failed with Disk quota exceeded",),
+            pattern=r"write\(\): fd (?P<fd>\d+) failed with (?P<strerror>Disk quota exceeded)",
+            values={"errno": "122"},
             confidence=0.9,
         ),
     ),
@@ -229,7 +247,8 @@ TD656 = register(Code(
     message="torch.load could not read the checkpoint ({reason}): the file is incomplete or damaged, typically a "
             "save that was interrupted (disk full, job killed) or a copy/download that did not finish.",
     fix="Compare the file size with a good checkpoint (`ls -l`), resume from an earlier checkpoint or download it "
-        "again; to stop it recurring, " + _ATOMIC + ", and check free space before saving.",
+        "again; to stop it recurring, " + _ATOMIC + ", check free space before saving, and when several ranks run "
+        "the saving code, save from one (`if dist.get_rank() == 0:` or `trainer.is_global_zero`).",
     meaning="A torch.save file is a zip archive whose central directory is written last; a file cut short has none "
             "('failed finding central directory'), a damaged one fails on a record ('invalid header or archive is "
             "corrupted').",
@@ -237,7 +256,7 @@ TD656 = register(Code(
         "two ranks wrote the same path; an interrupted copy or download.",
     false_positives="A file that is not a torch checkpoint at all (an HTML error page saved as .pt, a Git LFS pointer) "
                     "gives the same message.",
-    related=("TD655", "TD654"),
+    related=("TD655", "TD654", "TD660"),
     signatures=(
         Signature(
             role=Role.ROOT_CAUSE,
@@ -270,7 +289,7 @@ TD657 = register(Code(
     false_positives="Any JSON text with trailing content on the same line gives the same error (two documents written "
                     "to one file on purpose, a response with junk after it). Reading a whole JSON-lines file with "
                     "json.load() fails at 'line 2 column 1' instead: that form is not matched.",
-    related=("TD610",),
+    related=("TD610", "TD659", "TD660"),
     signatures=(
         Signature(
             role=Role.ROOT_CAUSE,
@@ -279,6 +298,133 @@ TD657 = register(Code(
             # column 1: the extra data starts a new line, i.e. a whole JSON-lines file read with json.load()
             exclude=(r"Extra data: line \d+ column 1 \(",),
             confidence=0.55,
+        ),
+    ),
+))
+
+TD658 = register(Code(
+    code="TD658",
+    name="io-error",
+    family="checkpoint-io",
+    severity=Severity.ERROR,
+    area="storage",
+    title="a read or write failed with an I/O error (EIO)",
+    message="A file operation failed with `Input/output error` (EIO){where}: the storage under the file could not "
+            "complete the request: a network file system (NFS, Lustre, GPFS, a FUSE or cloud-bucket mount) that lost "
+            "its server or ran out of space or quota, or a failing disk.",
+    fix="Check space and quota first (`df -h DIR`, `quota -s`): network and FUSE file systems often report a full "
+        "disk as EIO. Then look for storage errors: `dmesg -T | tail -50` (disk, NFS 'server not responding'), the "
+        "mount (`findmnt -T DIR`). Save to a local disk and copy afterwards, retry a failed save, and " + _ATOMIC + ".",
+    meaning="EIO (errno 5) is the kernel's answer when the device or the remote server fails a request. torch's own "
+            "read/write loop (storages of the pre-1.6 checkpoint format) says `write(): fd N failed with Input/output "
+            "error`; Python says `OSError: [Errno 5] Input/output error`, often at close(), when a network file "
+            "system flushes the data.",
+    why="Checkpoints written to NFS/Lustre/FUSE mounts (Colab's Google Drive, gcsfuse, s3fs) that run out of space, "
+        "time out or disconnect during a large save; disks with bad sectors.",
+    false_positives="Python also raises `[Errno 5]` when printing to a terminal that went away (an ssh session "
+                    "closed under nohup): then the traceback ends in print(), not in a file operation.",
+    related=("TD654", "TD655", "TD610", "TD613"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("failed with Input/output error",),
+            pattern=r"(?P<call>write|read)\(\): fd (?P<fd>\d+) failed with Input/output error",
+            values={"where": " (torch's checkpoint read/write loop)"},
+            confidence=0.85,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 5] Input/output error",),
+            pattern=r"\[Errno 5\] Input/output error(?:: '(?P<path>[^']*)')?",
+            exclude=(r"'/dev/",),
+            values={"where": ""},
+            confidence=0.65,
+        ),
+    ),
+))
+
+_ONE_WRITER = ("Let one process write it: rank 0 only (`if dist.get_rank() == 0:`, `trainer.is_global_zero`, "
+               "`trainer.is_world_process_zero()`) with a barrier (`dist.barrier()`) before the others read it; or give "
+               "every process its own path (`f'ckpt.rank{rank}.pt'`).")
+
+TD659 = register(Code(
+    code="TD659",
+    name="checkpoint-publish-race",
+    family="concurrent-write",
+    severity=Severity.ERROR,
+    area="storage",
+    title="several processes renamed the same staging directory or file into place",
+    message="Several processes published the same checkpoint at once: {what}. Typically every rank (or every node "
+            "on a shared file system) runs the write-then-rename code, and only the first rename can win.",
+    fix=_ONE_WRITER + " The rename itself: one process renames the staging directory after a barrier, the others "
+        "wait for it. With Hugging Face Trainer, upgrade transformers past 4.36 (its staging-directory rename ran on "
+        "several processes) and keep `save_on_each_node=False` when the output directory is shared by the nodes.",
+    meaning="Saving into a temporary name and renaming it to the final one makes a save atomic for one writer. When "
+            "several processes do it with the same names, the first rename moves the staging path away: the others "
+            "find no source (`FileNotFoundError: ... 'tmp-...' -> '...'`), or, with one staging directory per "
+            "process, find the final directory already full (`OSError: [Errno 39] Directory not empty: ... -> ...`).",
+    why="Checkpoint code that is not guarded by a rank check, multi-node jobs whose nodes share the output directory "
+        "(each node's local rank 0 saves), framework versions that published checkpoints from every process.",
+    false_positives="A rename whose source was never created fails the same way in a single process; only renames "
+                    "from temporary-looking names (tmp, temp, staging) are matched.",
+    related=("TD610", "TD657", "TD660"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("' -> '",),
+            pattern=r"\[Errno 2\] No such file or directory: '(?P<source>(?:[^']*/)?[^'/]*(?i:tmp|temp|staging)"
+                    r"[^'/]*)' -> '(?P<target>[^']+)'",
+            values={"what": "the staging path was already renamed away by another process (ENOENT)"},
+            confidence=0.75,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("' -> '",),
+            pattern=r"\[Errno 39\] Directory not empty: '(?P<source>(?:[^']*/)?[^'/]*(?i:tmp|temp|staging)[^'/]*)' -> "
+                    r"'(?P<target>[^']+)'",
+            values={"what": "the final directory already held another process's checkpoint (ENOTEMPTY)"},
+            confidence=0.75,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("tmp-checkpoint-",),
+            pattern=r"\[Errno 2\] No such file or directory: '(?P<path>[^']*tmp-checkpoint-\d+[^']*)'",
+            exclude=(r"' -> '",),
+            values={"what": "a path inside Hugging Face Trainer's staging directory tmp-checkpoint-N vanished (another "
+                            "process renamed or removed it)"},
+            confidence=0.65,
+        ),
+    ),
+))
+
+TD660 = register(Code(
+    code="TD660",
+    name="checkpoint-storage-size-mismatch",
+    family="concurrent-write",
+    severity=Severity.ERROR,
+    area="storage",
+    title="torch.load found storage sizes that do not match the data (a checkpoint written by several processes)",
+    message="torch.load read a storage size from the checkpoint that does not match its data (`storage has wrong "
+            "size`): the file's bytes are inconsistent, typically because several processes saved to the same path "
+            "at once and their writes landed at each other's offsets.",
+    fix="If the file was downloaded, download it again and compare its size or checksum. If your job wrote it: "
+        + _ONE_WRITER + " Then " + _ATOMIC + ".",
+    meaning="The pre-1.6 checkpoint format stores a pickled header followed by each storage prefixed with its size; "
+            "torch.load reads the size at the offset the header implies. When processes whose pickles differ by a "
+            "few bytes (per-rank counters, RNG states) write one file at the same time, the offsets no longer line "
+            "up and the size read is garbage (huge or negative). torch 2.x prints the numbers after a literal "
+            "'expected %ld got %ld'.",
+    why="torch.save called on every rank with the same path (no rank check), several runs or scripts sharing an "
+        "output directory; more rarely a file damaged in transfer.",
+    false_positives="A file corrupted in a copy or download gives the same message; the current zip format fails "
+                    "differently when written concurrently (TD656).",
+    related=("TD656", "TD659", "TD657"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("storage has wrong",),
+            pattern=r"storage has wrong (?:byte )?size: expected (?P<expected>-?\d+|%ld) got (?P<got>\d+|%ld)",
+            confidence=0.7,
         ),
     ),
 ))

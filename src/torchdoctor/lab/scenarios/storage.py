@@ -1,8 +1,9 @@
-"""checkpoint-io: torch.save / torch.load against the file system (missing, immutable, read-only, full).
+"""checkpoint-io: torch.save / torch.load against the file system (missing, immutable, read-only, full, EIO).
 
-Every directory is a fresh temporary one. Mounts (a read-only bind mount, a small tmpfs) are made
-in a private mount namespace of the lab child only (``unshare(CLONE_NEWNS)`` then
-``mount --make-rprivate /``): they vanish with the child and are never visible to the host.
+Every directory is a fresh temporary one. Mounts (a read-only bind mount, a small tmpfs, an ext4
+image on a loop device that detaches itself when unmounted) are made in a private mount namespace
+of the lab child only (``unshare(CLONE_NEWNS)`` then ``mount --make-rprivate /``): they vanish
+with the child and are never visible to the host.
 An immutable attribute is always removed again in ``finally``.
 """
 
@@ -206,7 +207,7 @@ def ckpt_save_permission_denied(fixed: bool) -> None:
 
 # -- ENOSPC: a full file system --------------------------------------------------------------------
 
-def _full_fs_save(fixed: bool, file_object: bool) -> None:
+def _full_fs_save(fixed: bool, file_object: bool, legacy: bool = False) -> None:
     import torch
 
     where = _tmpdir("full")
@@ -221,6 +222,8 @@ def _full_fs_save(fixed: bool, file_object: bool) -> None:
             elif file_object:
                 with open(path, "wb") as f:
                     torch.save(obj, f)
+            elif legacy:  # the pre-1.6 format: storages written by torch's own write() loop, which names the errno
+                torch.save(obj, path, _use_new_zipfile_serialization=False)
             else:
                 torch.save(obj, path)
             _saved(path)
@@ -261,6 +264,73 @@ def ckpt_save_disk_full(fixed: bool) -> None:
 )
 def ckpt_save_disk_full_fileobj(fixed: bool) -> None:
     _full_fs_save(fixed, file_object=True)
+
+
+@scenario(
+    name="ckpt-legacy-save-disk-full",
+    family="checkpoint-io",
+    code="TD654",
+    summary=f"torch.save(obj, path, _use_new_zipfile_serialization=False) (the pre-1.6 format) of a 16 MiB tensor "
+            f"onto a {FULL_FS_SIZE} private tmpfs: 'write(): fd N failed with No space left on device'",
+    fix=f"enough space ({ROOMY_FS_SIZE} tmpfs) and an atomic save (temporary file + os.replace)",
+    needs=("torch", "root", "unshare"),
+    seconds=2.0,
+    timeout=60.0,
+    memory_mb=1024,
+)
+def ckpt_legacy_save_disk_full(fixed: bool) -> None:
+    _full_fs_save(fixed, file_object=False, legacy=True)
+
+
+# -- EIO: a thin-provisioned disk whose backing store runs out -------------------------------------
+
+#: The disk image's nominal size, and what backs it: the file system believes it has room the image cannot hold.
+THIN_DISK_SIZE = 64 * MiB
+THIN_BACKING_SIZE = "6m"
+
+
+def _thin_disk(backing: str, disk: str, backing_size: str) -> None:
+    """An ext4 file system on a sparse image whose backing tmpfs is smaller than the image (thin provisioning).
+    Mounted ``sync`` so that the write itself, not a later flush, reports the device's error; ``-o loop`` detaches
+    the loop device automatically when the mount goes away (also when this private mount namespace does)."""
+    _mount_tmpfs(backing, backing_size)
+    image = os.path.join(backing, "disk.img")
+    with open(image, "wb") as f:
+        f.truncate(THIN_DISK_SIZE)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", image],
+                   check=True)
+    subprocess.run(["mount", "-o", "loop,sync,errors=continue", image, disk], check=True)
+
+
+@scenario(
+    name="ckpt-save-io-error",
+    family="checkpoint-io",
+    code="TD658",
+    summary=f"torch.save (pre-1.6 format) of a 16 MiB tensor onto a {THIN_DISK_SIZE // MiB} MiB ext4 image backed by "
+            f"{THIN_BACKING_SIZE} only (a thin-provisioned disk running out, private mount namespace): "
+            "'write(): fd N failed with Input/output error'",
+    fix="a disk whose backing store has room (64m) and an atomic save (temporary file + os.replace)",
+    needs=("torch", "root", "unshare", "chattr"),  # chattr: e2fsprogs, which also provides mkfs.ext4
+    seconds=3.0,
+    timeout=90.0,
+    memory_mb=1024,
+)
+def ckpt_save_io_error(fixed: bool) -> None:
+    import torch
+
+    backing, disk = _tmpdir("thin-backing"), _tmpdir("thin-disk")
+    try:
+        _private_mounts()
+        _thin_disk(backing, disk, "64m" if fixed else THIN_BACKING_SIZE)
+        path = os.path.join(disk, "last.pt")
+        if fixed:
+            _atomic_save(_state(BIG_TENSOR_ELEMS), path)
+        else:
+            torch.save(_state(BIG_TENSOR_ELEMS), path, _use_new_zipfile_serialization=False)
+        _saved(path)
+    finally:
+        _unmount(disk)
+        _unmount(backing)
 
 
 # -- a truncated checkpoint ------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""concurrent-write: several processes append JSON lines to one file without coordination.
+"""concurrent-write: several processes write the same file or directory without coordination.
 
+``writes-shared-jsonl``: processes append JSON lines to one file.
 Each writer appends through an unbuffered text stream, as ``print(..., file=f)`` does on a stream
 opened with ``buffering=0`` or on stdout under ``PYTHONUNBUFFERED=1``: ``print`` issues one
 ``write()`` for the record and another for the newline, so records of different processes land
@@ -8,6 +9,16 @@ onto one line and the next line is empty. The body reads the file back the way a
 does (``json.loads`` per non-empty line), prints what it found and, when a line does not parse,
 re-raises Python's own ``JSONDecodeError`` for it. The fix writes whole lines (a batch per write
 call) and serialises the writes with a file lock (the ``filelock`` package).
+
+``writes-ranks-rename-staging`` / ``writes-ranks-rename-own-staging``: every rank publishes the
+checkpoint directory by renaming a staging directory (shared, or one per rank) to the final name;
+one rename wins and the others fail (ENOENT, or ENOTEMPTY onto the winner's directory). The fix
+lets one process publish.
+
+``writes-ranks-same-checkpoint``: every rank torch.saves to one path at once (legacy format, whose
+storages are read back at offsets recorded in the file), then the job resumes from it. The fix
+saves from rank 0 only. The race is real, so the failing variant repeats save-and-load rounds
+until torch.load fails; it prints every round.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from typing import Any
@@ -106,6 +118,147 @@ def writes_shared_jsonl(fixed: bool) -> None:
                 line = f.readlines()[torn[0] - 1]
             json.loads(line)  # the reader's own error for the first bad line
         if lost or empty:
+            raise SystemExit(1)
+    finally:
+        shutil.rmtree(where)
+
+
+# -- ranks publishing one checkpoint directory: stage, then rename ----------------------------------
+
+RANKS = 4
+STEP = 49
+
+
+def _publish(rank: int, root: str, barrier: Any, fixed: bool, shared_stage: bool) -> None:
+    """One rank's end of a Trainer-style save: write its shard into a staging directory, then rename
+    the staging directory to the final checkpoint name (what Hugging Face Trainer 4.36 did on every
+    process). ``shared_stage``: one staging name for all ranks; otherwise each rank makes its own."""
+    final = os.path.join(root, f"checkpoint-{STEP}")
+    if shared_stage:
+        stage = os.path.join(root, f"tmp-checkpoint-{STEP}")
+        os.makedirs(stage, exist_ok=True)
+    else:
+        stage = tempfile.mkdtemp(prefix="tmp-checkpoint-", dir=root)
+    with open(os.path.join(stage, f"rng_state_{rank}.pth"), "wb") as f:
+        f.write(os.urandom(64))
+    barrier.wait()  # every rank has written its part
+    if not fixed:
+        os.rename(stage, final)
+        return
+    if shared_stage and rank == 0:  # the fix: one process publishes, the others wait for it
+        os.rename(stage, final)
+    elif not shared_stage:  # own staging directories: each rank moves its files into the final one, rank 0 makes it
+        if rank == 0:
+            os.makedirs(final)
+        barrier.wait()
+        for name in os.listdir(stage):
+            os.replace(os.path.join(stage, name), os.path.join(final, name))
+        os.rmdir(stage)
+    barrier.wait()
+    assert os.path.isdir(final)
+
+
+def _run_publish(fixed: bool, shared_stage: bool) -> None:
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    root = tempfile.mkdtemp(prefix="torchdoctor-lab-publish-")
+    try:
+        barrier = multiprocessing.get_context("fork").Barrier(RANKS, timeout=30)
+        mp.start_processes(_publish, args=(root, barrier, fixed, shared_stage), nprocs=RANKS, start_method="fork")
+        final = os.path.join(root, f"checkpoint-{STEP}")
+        print(f"{final}: {sorted(os.listdir(final))}; left in {root}: {sorted(os.listdir(root))}", flush=True)
+    finally:
+        shutil.rmtree(root)
+
+
+@scenario(
+    name="writes-ranks-rename-staging",
+    family="concurrent-write",
+    code="TD659",
+    summary=f"{RANKS} ranks write into one staging directory tmp-checkpoint-{STEP}, then each renames it to "
+            f"checkpoint-{STEP}: the first rename wins, the others fail with FileNotFoundError '...' -> '...'",
+    fix="one process renames (rank 0, after a barrier); the others wait for it",
+    seconds=2.0,
+    timeout=60.0,
+    memory_mb=1536,
+)
+def writes_ranks_rename_staging(fixed: bool) -> None:
+    _run_publish(fixed, shared_stage=True)
+
+
+@scenario(
+    name="writes-ranks-rename-own-staging",
+    family="concurrent-write",
+    code="TD659",
+    summary=f"{RANKS} ranks each write into their own staging directory tmp-checkpoint-XXXX, then rename it to "
+            f"checkpoint-{STEP}: the first rename wins, the others fail with '[Errno 39] Directory not empty'",
+    fix="rank 0 creates the final directory, every rank moves its own files into it (os.replace per file)",
+    seconds=2.0,
+    timeout=60.0,
+    memory_mb=1536,
+)
+def writes_ranks_rename_own_staging(fixed: bool) -> None:
+    _run_publish(fixed, shared_stage=False)
+
+
+# -- ranks saving one checkpoint path ---------------------------------------------------------------
+
+#: Rounds of "every rank saves, then resume from the file"; the race shows within a few.
+SAVE_ROUNDS = 25
+LAYERS = 64
+LAYER_ELEMS = 4096
+
+
+def _save_same_path(rank: int, path: str, barrier: Any, fixed: bool) -> None:
+    """Every rank saves 'the' checkpoint to one path (no rank check), in the legacy (non-zip) format that
+    torch used before 1.6. The rank-local counters pickle to a few bytes more or less on each rank, so
+    the ranks' files differ in layout: writes of one rank land at offsets of another's."""
+    import torch
+
+    state = {"samples_seen": 100 * (rank + 1) ** 4, "rank_rng": [rank] * (rank + 1),
+             **{f"layer{i}.weight": torch.full((LAYER_ELEMS,), float(i)) for i in range(LAYERS)}}
+    barrier.wait()
+    if not fixed or rank == 0:
+        torch.save(state, path, _use_new_zipfile_serialization=False)
+
+
+@scenario(
+    name="writes-ranks-same-checkpoint",
+    family="concurrent-write",
+    code="TD660",
+    summary=f"{RANKS} ranks torch.save (legacy format) to one path at once, then the job resumes from it: "
+            f"torch.load fails with 'storage has wrong size' (repeated up to {SAVE_ROUNDS} rounds until it shows)",
+    fix="save from rank 0 only (the others skip torch.save)",
+    seconds=4.0,
+    timeout=120.0,
+    memory_mb=1536,
+)
+def writes_ranks_same_checkpoint(fixed: bool) -> None:
+    import multiprocessing
+
+    import torch
+    import torch.multiprocessing as mp
+
+    where = tempfile.mkdtemp(prefix="torchdoctor-lab-samepath-")
+    path = os.path.join(where, "last.pt")
+    loaded = 0
+    try:
+        for rnd in range(1, SAVE_ROUNDS + 1):
+            barrier = multiprocessing.get_context("fork").Barrier(RANKS, timeout=30)
+            mp.start_processes(_save_same_path, args=(path, barrier, fixed), nprocs=RANKS, start_method="fork")
+            print(f"round {rnd}: {os.path.getsize(path)} bytes saved by {1 if fixed else RANKS} process(es)",
+                  flush=True)
+            try:
+                state = torch.load(path, weights_only=False)
+            except pickle.UnpicklingError as exc:  # the same race seen earlier in the file: zeros where a
+                print(f"round {rnd}: torch.load failed: {exc!r}", flush=True)  # truncating open left a hole
+                continue
+            assert len(state) == LAYERS + 2
+            loaded += 1
+        print(f"resumed {loaded} of {SAVE_ROUNDS} times from {path}", flush=True)
+        if loaded < SAVE_ROUNDS:
             raise SystemExit(1)
     finally:
         shutil.rmtree(where)

@@ -1,0 +1,133 @@
+"""TD657, TD659, TD660: several processes writing one file or directory, as it shows up in logs.
+
+Concurrent writers leave no error of their own; these codes recognise what the *readers* of the
+damaged file, or the losers of a rename race, print.
+"""
+
+from __future__ import annotations
+
+from ..model import Severity
+from ..registry import Code, register
+from ..signature import Role, Signature
+from .log_storage import _ATOMIC
+
+TD657 = register(Code(
+    code="TD657",
+    name="json-records-glued",
+    family="concurrent-write",
+    severity=Severity.WARNING,
+    area="storage",
+    title="a JSON line holds more than one record (writers interleaved)",
+    message="A JSON document was followed by more data on the same line (`JSONDecodeError: Extra data` at column "
+            "{column}): typical of a JSON-lines file appended to by several processes at once, whose records and "
+            "newlines were interleaved.",
+    fix="Write from one process (rank 0: `if dist.get_rank() == 0:`), give each process its own file "
+        "(`metrics.rank$RANK.jsonl`), or serialise the appends: `with filelock.FileLock(path + '.lock'): "
+        "f.write(line)` with the whole line in one write call.",
+    meaning="print() issues one write for the text and another for the newline; with unbuffered or line-buffered "
+            "streams shared by several processes (ranks, DataLoader workers, stdout redirected to one file), "
+            "another process's record can land in between, gluing two records onto one line and leaving an "
+            "empty one.",
+    why="Several ranks or workers appending to the same metrics or log file without coordination.",
+    false_positives="Any JSON text with trailing content on the same line gives the same error (two documents written "
+                    "to one file on purpose, a response with junk after it). Reading a whole JSON-lines file with "
+                    "json.load() fails at 'line 2 column 1' instead: that form is not matched.",
+    related=("TD610", "TD659", "TD660"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Extra data: line",),
+            pattern=r"JSONDecodeError: Extra data: line (?P<line>\d+) column (?P<column>\d+) \(char (?P<char>\d+)\)",
+            # column 1: the extra data starts a new line, i.e. a whole JSON-lines file read with json.load()
+            exclude=(r"Extra data: line \d+ column 1 \(",),
+            confidence=0.55,
+        ),
+    ),
+))
+
+
+_ONE_WRITER = ("Let one process write it: rank 0 only (`if dist.get_rank() == 0:`, `trainer.is_global_zero`, "
+               "`trainer.is_world_process_zero()`) with a barrier (`dist.barrier()`) before the others read it; or give "
+               "every process its own path (`f'ckpt.rank{rank}.pt'`).")
+
+TD659 = register(Code(
+    code="TD659",
+    name="checkpoint-publish-race",
+    family="concurrent-write",
+    severity=Severity.ERROR,
+    area="storage",
+    title="several processes renamed the same staging directory or file into place",
+    message="Several processes published the same checkpoint at once: {what}. Typically every rank (or every node "
+            "on a shared file system) runs the write-then-rename code, and only the first rename can win.",
+    fix=_ONE_WRITER + " The rename itself: one process renames the staging directory after a barrier, the others "
+        "wait for it. With Hugging Face Trainer, upgrade transformers past 4.36 (its staging-directory rename ran on "
+        "several processes) and keep `save_on_each_node=False` when the output directory is shared by the nodes.",
+    meaning="Saving into a temporary name and renaming it to the final one makes a save atomic for one writer. When "
+            "several processes do it with the same names, the first rename moves the staging path away: the others "
+            "find no source (`FileNotFoundError: ... 'tmp-...' -> '...'`), or, with one staging directory per "
+            "process, find the final directory already full (`OSError: [Errno 39] Directory not empty: ... -> ...`).",
+    why="Checkpoint code that is not guarded by a rank check, multi-node jobs whose nodes share the output directory "
+        "(each node's local rank 0 saves), framework versions that published checkpoints from every process.",
+    false_positives="A rename whose source was never created fails the same way in a single process; only renames "
+                    "from temporary-looking names (tmp, temp, staging) are matched.",
+    related=("TD610", "TD657", "TD660"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("' -> '",),
+            pattern=r"\[Errno 2\] No such file or directory: '(?P<source>(?:[^']*/)?[^'/]*(?i:tmp|temp|staging)"
+                    r"[^'/]*)' -> '(?P<target>[^']+)'",
+            values={"what": "the staging path was already renamed away by another process (ENOENT)"},
+            confidence=0.75,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("' -> '",),
+            pattern=r"\[Errno 39\] Directory not empty: '(?P<source>(?:[^']*/)?[^'/]*(?i:tmp|temp|staging)[^'/]*)' -> "
+                    r"'(?P<target>[^']+)'",
+            values={"what": "the final directory already held another process's checkpoint (ENOTEMPTY)"},
+            confidence=0.75,
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("tmp-checkpoint-",),
+            pattern=r"\[Errno 2\] No such file or directory: '(?P<path>[^']*tmp-checkpoint-\d+[^']*)'",
+            exclude=(r"' -> '",),
+            values={"what": "a path inside Hugging Face Trainer's staging directory tmp-checkpoint-N vanished (another "
+                            "process renamed or removed it)"},
+            confidence=0.65,
+        ),
+    ),
+))
+
+TD660 = register(Code(
+    code="TD660",
+    name="checkpoint-storage-size-mismatch",
+    family="concurrent-write",
+    severity=Severity.ERROR,
+    area="storage",
+    title="torch.load found storage sizes that do not match the data (a checkpoint written by several processes)",
+    message="torch.load read a storage size from the checkpoint that does not match its data (`storage has wrong "
+            "size`): the file's bytes are inconsistent, typically because several processes saved to the same path "
+            "at once and their writes landed at each other's offsets.",
+    fix="If the file was downloaded, download it again and compare its size or checksum. If your job wrote it: "
+        + _ONE_WRITER + " Then " + _ATOMIC + ".",
+    meaning="The pre-1.6 checkpoint format stores a pickled header followed by each storage prefixed with its size; "
+            "torch.load reads the size at the offset the header implies. When processes whose pickles differ by a "
+            "few bytes (per-rank counters, RNG states) write one file at the same time, the offsets no longer line "
+            "up and the size read is garbage (huge or negative). torch 2.x prints the numbers after a literal "
+            "'expected %ld got %ld'.",
+    why="torch.save called on every rank with the same path (no rank check), several runs or scripts sharing an "
+        "output directory; more rarely a file damaged in transfer.",
+    false_positives="A file corrupted in a copy or download gives the same message; the current zip format fails "
+                    "differently when written concurrently (TD656).",
+    related=("TD656", "TD659", "TD657"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("storage has wrong",),
+            pattern=r"storage has wrong (?:byte )?size: expected (?P<expected>-?\d+|%ld) got (?P<got>\d+|%ld)",
+            confidence=0.7,
+        ),
+    ),
+))

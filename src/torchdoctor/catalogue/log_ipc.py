@@ -108,6 +108,44 @@ TD152 = register(Code(
     ),
 ))
 
+TD153 = register(Code(
+    code="TD153",
+    name="too-many-open-files",
+    family="fd-exhausted",
+    severity=Severity.ERROR,
+    area="shm",
+    title="a process hit its open-file limit (EMFILE, `[Errno 24] Too many open files`)",
+    message="An open, pipe, socket or descriptor copy failed with `[Errno 24] Too many open files`: the process "
+            "reached RLIMIT_NOFILE. In a DataLoader or torch.multiprocessing job the usual holder is the "
+            "file_descriptor sharing strategy (every shared tensor storage keeps one descriptor open until it is "
+            "freed; a traceback through `torch/multiprocessing/reductions.py` or `multiprocessing/resource_sharer.py` "
+            "(DupFd) says so); otherwise files or sockets opened and never closed.",
+    fix=_FD_RAISE + ". If the traceback goes through torch's reductions / resource_sharer: "
+        "`torch.multiprocessing.set_sharing_strategy(\"file_system\")` right after `import torch` (in the main "
+        "script, so workers inherit it), do not keep batches or tensors sliced from them alive across iterations "
+        "(keep `.item()`/`.tolist()`/`.clone()`), or share fewer, larger tensors (numpy arrays in the dataset). "
+        "Otherwise find what holds the descriptors (`ls -l /proc/PID/fd | wc -l`, `lsof -p PID`) and close files "
+        "in `with` blocks / open them lazily per worker. Fewer `num_workers` lowers the count too.",
+    meaning="EMFILE (24): the per-process descriptor table is full. torch's default sharing strategy on Linux, "
+            "file_descriptor, sends each tensor storage between processes as a descriptor (duplicated by "
+            "`multiprocessing.reduction.DupFd`, served by the resource_sharer thread), so a process that receives "
+            "or sends many storages keeps as many descriptors open; starting a worker also needs a few (pipes).",
+    why="A soft open-file limit of 1024 (the usual default) against many tensors in flight or kept (a list of "
+        "batches, outputs that are views of them, many tensors per sample), many workers with a high "
+        "prefetch_factor, or a dataset that opens a file per sample and never closes it.",
+    false_positives="None for the errno itself; what holds the descriptors is in the traceback, not in this line. "
+                    "`[Errno 23] Too many open files in system` is the system-wide table (fs.file-max), not this.",
+    related=("TD111", "TD150", "TD151", "TD152"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 24]",),
+            pattern=r"\[Errno 24\] Too many open files",
+            confidence=0.85,
+        ),
+    ),
+))
+
 TD155 = register(Code(
     code="TD155",
     name="shm-mmap-map-count",
@@ -157,13 +195,16 @@ TD156 = register(Code(
     severity=Severity.ERROR,
     area="shm",
     title="/dev/shm is full: a shared tensor could not be allocated",
-    message="torch could not allocate the shared-memory segment `{segment}` (`No space left on device (28)`): the "
-            "tmpfs at /dev/shm is too small or full for the batches DataLoader workers hand over (workers × "
-            "prefetch_factor × batch size, plus whatever else lives there).",
+    message="torch could not {how} the shared-memory segment `{segment}` ({wording}): the tmpfs at /dev/shm is too "
+            "small or full for the batches DataLoader workers hand over (workers × prefetch_factor × batch size, "
+            "plus whatever else lives there).",
     fix=_SHM_FIX,
     meaning="DataLoader workers build each batch directly in a POSIX shared-memory segment (a file in /dev/shm) and "
             "torch reserves its full size up front, so a full tmpfs fails here with ENOSPC instead of a later bus "
-            "error.",
+            "error. Current torch says `unable to allocate shared memory(shm) for file <…>: No space left on device "
+            "(28)`; older releases grew the file and wrote its last byte, and said `unable to write to file "
+            "</torch_…>` (with `: No space left on device (28)`, with ` at …/THAllocator.c:N`, or with nothing "
+            "after it).",
     why="Containers get a 64 MiB /dev/shm by default; large batches (images, video) with several workers and "
         "prefetching need hundreds of MiB; leaked segments of killed runs also take space.",
     false_positives="A /dev/shm filled by another program (or leaked `torch_*` segments) gives the same error with a "
@@ -176,6 +217,22 @@ TD156 = register(Code(
             pattern=r"unable to allocate shared memory\(shm\) for file <(?P<segment>[^>]+)>: "
                     r"No space left on device \(28\)",
             confidence=0.9,
+            values={"how": "allocate", "wording": "`No space left on device (28)`"},
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("unable to write to file </torch_",),
+            pattern=r"unable to write to file <(?P<segment>/torch_[^>]*)>: No space left on device \(28\)",
+            confidence=0.9,
+            values={"how": "grow", "wording": "`unable to write to file`: `No space left on device (28)`, older torch"},
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("unable to write to file </torch_",),
+            pattern=r"unable to write to file <(?P<segment>/torch_[^>]*)>(?: at \S*THAllocator\.cp?p?:\d+)?\s*$",
+            confidence=0.8,
+            values={"how": "grow",
+                    "wording": "`unable to write to file`, old torch without the errno: almost always ENOSPC"},
         ),
     ),
 ))
@@ -202,9 +259,9 @@ TD157 = register(Code(
     signatures=(
         Signature(
             role=Role.ROOT_CAUSE,
-            triggers=("Unexpected bus error encountered in worker",),
-            pattern=r"Unexpected bus error encountered in worker\. This might be caused by insufficient shared "
-                    r"memory \(shm\)",
+            triggers=("bus error encountered in worker", "bus ERROR encountered in worker",
+                      "Bus error encountered in worker", "Bus Error encountered in worker"),
+            pattern=r"(?i)unexpected bus error encountered in worker",
             confidence=0.9,
             values={"how": "the worker's own signal handler reported it"},
         ),

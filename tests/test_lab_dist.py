@@ -25,7 +25,14 @@ from torchdoctor.registry import lookup
 from torchdoctor.signature import Role
 
 from .test_lab import (
-    LabRuns, assert_failure, assert_fixed, assert_recorded, explain_or_skip, scenario_names, signature_values,
+    LOGS,
+    LabRuns,
+    assert_failure,
+    assert_fixed,
+    assert_recorded,
+    explain_or_skip,
+    scenario_names,
+    signature_values,
     slow_requested,
 )
 
@@ -175,3 +182,43 @@ def test_check_predicts_the_port_in_use() -> None:
         holder.wait()
     assert "TD407" in findings, sorted(findings)
     assert port in findings["TD407"]["message"] and str(holder.pid) in findings["TD407"]["message"]
+
+
+# -- gloo's interface choice and torchrun's SIGKILL summary (TD460, TD459) ------------------------------
+
+_GLOO_INIT = ("import datetime, torch.distributed as dist\n"
+              "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1,\n"
+              "                        timeout=datetime.timedelta(seconds=10))\n"
+              "dist.destroy_process_group()\n")
+
+
+def _gloo_init(ifname: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith(("GLOO_", "NCCL_"))}
+    return subprocess.run([sys.executable, "-c", _GLOO_INIT], capture_output=True, text=True, timeout=120,
+                          env={**env, "GLOO_SOCKET_IFNAME": ifname}, check=False)
+
+
+def test_gloo_interface_that_does_not_exist_is_named_and_lo_fixes_it() -> None:
+    """A real gloo init with GLOO_SOCKET_IFNAME naming no interface: explain names TD460 and the name."""
+    pytest.importorskip("torch")
+    explain = explain_or_skip()
+    failed = _gloo_init("tdnope0")
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+    report = explain(failed.stdout + failed.stderr)
+    root = report.root_cause
+    assert root is not None and (root.code, root.family) == ("TD460", "dist-connect"), report.codes()
+    assert root.values["name"] == "tdnope0" and "GLOO_SOCKET_IFNAME" in root.fix
+    fixed = _gloo_init("lo")
+    assert fixed.returncode == 0, fixed.stderr
+
+
+def test_torchrun_sigkill_confirms_host_oom_not_a_hang() -> None:
+    """torchrun's '-9' lines (recorded from the lab) read as a host-oom confirmation; TD457 leaves them alone."""
+    explain = explain_or_skip()
+    text = (LOGS / "TD459" / "lab-torchrun-peer-killed.log").read_text(encoding="utf-8").split("# ---\n", 1)[1]
+    report = explain(text)
+    by_code = {d.code: d for d in report.diagnoses}
+    assert "TD457" not in by_code, "exit code -9 is a kill, not a worker's own failure"
+    assert (by_code["TD459"].family, by_code["TD459"].role) == ("host-oom", "confirmation")
+    assert by_code["TD459"].values["pid"] in text.split("failed (exitcode: -9)")[1].split("\n")[0]
+    assert report.diagnoses[0].code == "TD454", "the survivor's cascade still leads; no root cause is invented"

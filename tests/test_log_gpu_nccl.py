@@ -67,13 +67,23 @@ class Match:
     values: dict[str, str]
 
 
+def _line_matches(code: Code, line: str, no: int) -> list[Match]:
+    return [Match(code, sig, no, values) for sig in code.signatures
+            if any(t in line for t in sig.triggers) and (values := sig.match(line)) is not None]
+
+
 def matches(code: Code, lines: tuple[str, ...]) -> list[Match]:
-    """What the engine would match: a signature runs only on lines holding one of its triggers."""
-    out = []
+    """What the engine would match: a signature runs only on lines holding one of its triggers, and a
+    line holding a trigger that matched nothing is joined with the next line (a wrapped message)."""
+    out: list[Match] = []
+    pending: tuple[int, str] | None = None
     for no, line in enumerate(lines, 1):
-        for sig in code.signatures:
-            if any(t in line for t in sig.triggers) and (values := sig.match(line)) is not None:
-                out.append(Match(code, sig, no, values))
+        found = _line_matches(code, line, no)
+        if not found and pending is not None:
+            found = _line_matches(code, pending[1].rstrip() + " " + line.strip(), pending[0])
+        has_trigger = any(t in line for sig in code.signatures for t in sig.triggers)
+        pending = (no, line) if has_trigger and not found else None
+        out += found
     return out
 
 
@@ -207,6 +217,21 @@ EXPECTED: dict[str, list[dict[str, str]]] = {
     "TD494/ddcap-35-torch-1.9.log": [{"rank": "0", "indices": "1"}],
     "TD495/star-44.log": [{"rank": "3", "params": "2247", "other_rank": "0", "other_params": "0"}],
     "TD495/kronfluence-41-wrapped-twice.log": [{"rank": "6", "params": "59", "other_rank": "0", "other_params": "48"}],
+    # widened wordings: old CUDA error numbers, NCCL result lines of other printers, NCCL < 2.8 segment names,
+    # WorkNCCL without SeqNum/Timeout or wrapped after "Watchdog caught"
+    "TD356/semantic-segmentation-68-error-101.log": [{}],
+    "TD357/colabtools-1685-title.log": [{"found": "not printed"}],
+    "TD480/romp-80-nccl-error-2.log": [{"nccl_version": "version not printed on this line"}],
+    "TD480/nccl-tests-15-common-cu.log": [{"test_where": "common.cu:921"}],
+    "TD484/nccl-tests-5-all-reduce-cu.log": [{"test_where": "all_reduce.cu:95"}],
+    "TD486/nccl-342-shm-recv.log": [{"error": "No space left on device"},
+                                    {"segment": "nccl-shm-recv-250a7cc850ba9298-0-1-3", "size": "9637888"}],
+    "TD486/nccl-290-posix-fallocate.log": [{"error": "No space left on device", "size": "not printed"}],
+    "TD490/anysplat-61-optype-first.log": [{"op": "ALLREDUCE", "seq": "458", "ran_ms": "1800600", "timeout_ms": "?"}],
+    "TD490/nanotron-204-wrapped-prefix.log": [{"seq": "3", "numel_in": "1", "numel_out": "1", "timeout_ms": "600000",
+                                               "ran_ms": "600888"},
+                                              {"rank": "3", "seq": "3", "timeout_ms": "600000"}],
+    "TD497/nccl-210-ipv6.log": [{"error": "Address family not supported by protocol"}],
 }
 
 
@@ -232,6 +257,7 @@ ROLES = {
     "TD356": Role.ROOT_CAUSE, "TD357": Role.ROOT_CAUSE, "TD364": Role.ADVICE, "TD480": Role.ROOT_CAUSE,
     "TD486": Role.ROOT_CAUSE, "TD488": Role.ROOT_CAUSE, "TD490": Role.CASCADE, "TD491": Role.CASCADE,
     "TD492": Role.CASCADE, "TD493": Role.ROOT_CAUSE, "TD494": Role.ROOT_CAUSE, "TD496": Role.ADVICE,
+    "TD497": Role.ROOT_CAUSE,
 }
 
 
@@ -253,6 +279,24 @@ def test_observed_codes_point_to_the_preflight_codes() -> None:
     for log_code, preflight in pairs.items():
         assert preflight in BY_CODE[log_code].related
         assert lookup(preflight).family in {"gpu-unavailable", "cuda-oom", "nccl", "shm-exhausted"}
+
+
+def test_two_ranks_on_one_gpu_is_a_gpu_mapping_problem() -> None:
+    """failure-modes.md files "two ranks on one GPU" under gpu-unavailable, not under NCCL itself."""
+    assert BY_CODE["TD488"].family == "gpu-unavailable"
+    assert {BY_CODE[c].family for c in ("TD480", "TD486", "TD497")} == {"nccl"}
+
+
+def test_workncl_fields_tolerate_a_line_without_its_parenthesis() -> None:
+    """A WorkNCCL(...) cut before its closing parenthesis fails quickly instead of backtracking."""
+    import time
+
+    sig = BY_CODE["TD490"].signatures[0]
+    fx = _load(LOGS / "TD490" / "nanotron-204-wrapped-prefix.log")
+    cut = fx.lines[1].split(", Timeout")[0]  # real text, cut where a pasted line can end
+    start = time.perf_counter()
+    assert sig.match(cut + ", a" * 5000) is None
+    assert time.perf_counter() - start < 0.5
 
 
 def test_watchdog_cascade_points_to_root_causes() -> None:

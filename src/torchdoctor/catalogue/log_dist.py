@@ -79,6 +79,13 @@ TD451 = register(Code(
                     r"Address already in use\)",
             confidence=0.9,
         ),
+        Signature(  # torch < 1.9: TCPStore's constructor raised the bare strerror (THD: "... at General.cpp:17")
+            role=Role.ROOT_CAUSE,
+            triggers=("Address already in use",),
+            pattern=r"(?:^|[\s:`])RuntimeError ?: Address already in use(?: at \S+)?[\s`'\"]*$",
+            values={"port": "$MASTER_PORT"},
+            confidence=0.8,
+        ),
     ),
 ))
 
@@ -208,6 +215,8 @@ TD455 = register(Code(
     ),
 ))
 
+_FINGERPRINT = r"CollectiveFingerPrint\((?:SequenceNumber=\d+,? ?)?OpType="
+
 TD456 = register(Code(
     code="TD456",
     name="collective-mismatch",
@@ -228,14 +237,14 @@ TD456 = register(Code(
     false_positives="None known.",
     related=("TD455",),
     signatures=(
-        Signature(
+        Signature(  # torch >= 1.13 names the other rank's fingerprint; 1.10-1.12 said "running inconsistent collective"
             role=Role.ROOT_CAUSE,
             triggers=("Detected mismatch between collectives",),
-            pattern=r"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is running collective: "
-                    r"CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(?P<op>\w+).*?but Rank (?P<other>\d+) is "
-                    r"running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(?P<other_op>\w+)"
-                    r"(?:.*Collectives differ in the following aspects:\s*(?P<aspects>.*?)\s*$)?",
-            values={"aspects": "see the fingerprints"},
+            pattern=rf"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is running "
+                    rf"(?:inconsistent )?collective: {_FINGERPRINT}(?P<op>\w+)"
+                    rf"(?:.*?but Rank (?P<other>\d+) is running collective: (?:{_FINGERPRINT})?(?P<other_op>\w+)"
+                    r"(?:.*Collectives differ in the following aspects:\s*(?P<aspects>.*?)\s*$)?)?",
+            values={"aspects": "see the fingerprints", "other": "?", "other_op": "another collective"},
             confidence=0.95,
         ),
     ),
@@ -259,12 +268,13 @@ TD457 = register(Code(
     why="Whatever made that worker exit: its own exception, a signal, the OOM killer.",
     false_positives="It names the first failure torchrun observed on this node; on several nodes compare their "
                     "times.",
-    related=("TD458", "TD454", "TD274"),
+    related=("TD458", "TD459", "TD454", "TD274"),
     signatures=(
         Signature(
             role=Role.CONFIRMATION,
             triggers=("failed (exitcode:",),
             pattern=r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)",
+            exclude=(r"failed \(exitcode: -9\)",),  # SIGKILL: TD459 (host-oom) reads that line
             confidence=0.6,
         ),
     ),
@@ -292,6 +302,45 @@ TD458 = register(Code(
             triggers=("terminated with signal", "terminated with exit code"),
             pattern=r"ProcessExitedException: process (?P<process_index>\d+) terminated with "
                     r"(?P<how>signal \w+|exit code -?\d+)",
+            confidence=0.6,
+        ),
+    ),
+))
+
+TD459 = register(Code(
+    code="TD459",
+    name="torchrun-worker-sigkilled",
+    family="host-oom",
+    severity=Severity.WARNING,
+    area="distributed",
+    title="torchrun reports a worker killed by SIGKILL (exit code -9), most often out of RAM",
+    message="torchrun saw a worker (pid {pid}) killed by SIGKILL (exit code -9) without an error of its own: the usual "
+            "sender is the kernel's OOM killer or a container/job memory limit.",
+    fix="Confirm it on that host: `dmesg -T | grep -iE 'killed process|out of memory'` (or `journalctl -k`), "
+        "`kubectl describe pod` (OOMKilled), `sacct -j JOBID -o JobID,State,MaxRSS` (OUT_OF_MEMORY). Then lower the "
+        "host RAM each rank needs: every rank loads its own copy of the model and data, so load checkpoints with "
+        "`mmap=True` / `low_cpu_mem_usage=True`, use fewer DataLoader workers and a smaller `prefetch_factor`, keep "
+        "datasets as numpy/tensor storage instead of Python lists, fewer `--nproc-per-node`, or give the job more memory "
+        "(`docker run --memory`, Slurm `--mem`, a larger instance). If a scheduler sent the signal (time limit, "
+        "preemption), its own log says so.",
+    meaning="A negative exit code is the signal that ended the process; SIGKILL cannot be caught, so the worker "
+            "printed nothing and only torchrun's agent and its ChildFailedError summary report it.",
+    why="Host (or cgroup) memory ran out while loading a model or dataset in every rank, during evaluation, or through "
+        "memory growth in DataLoader workers; less often a scheduler or a person killed the job.",
+    false_positives="A time-limit kill or `kill -9` by a person or scheduler looks the same: this confirms a kill, "
+                    "not its reason.",
+    related=("TD274", "TD273", "TD270", "TD457"),
+    signatures=(
+        Signature(
+            role=Role.CONFIRMATION,
+            triggers=("failed (exitcode: -9)",),
+            pattern=r"failed \(exitcode: -9\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)",
+            confidence=0.6,
+        ),
+        Signature(  # the same worker in torchrun's ChildFailedError summary ("exitcode  : -9 (pid: 42)")
+            role=Role.CONFIRMATION,
+            triggers=(": -9 (pid: ",),
+            pattern=r"exitcode\s*: -9 \(pid: (?P<pid>\d+)\)",
             confidence=0.6,
         ),
     ),

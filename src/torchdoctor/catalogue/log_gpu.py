@@ -184,7 +184,9 @@ TD356 = register(Code(
         Signature(
             role=Role.ROOT_CAUSE,
             triggers=("invalid device ordinal",),
-            pattern=r"(?:CUDA error: |cuda runtime error \(10\) : |error=10 : )invalid device ordinal",
+            # cudaErrorInvalidDevice is 10 up to CUDA 10.2 and 101 since CUDA 11; THC printed "error=N :", DGL "CUDA:"
+            pattern=r"(?:CUDA error(?: \(\d+\))?: |cuda runtime error \(\d+\) : |error=\d+ : |Error \d+: |CUDA: )"
+                    r"invalid device ordinal",
             confidence=0.9,
         ),
     ),
@@ -209,8 +211,9 @@ TD357 = register(Code(
         Signature(
             role=Role.ROOT_CAUSE,
             triggers=("driver on your system is too old",),
-            pattern=r"The NVIDIA driver on your system is too old \(found version (?P<found>\d+)\)",
+            pattern=r"NVIDIA driver on your system is too old(?: \(found version (?P<found>\d+)\))?",
             confidence=0.95,
+            values={"found": "not printed"},
         ),
         Signature(
             role=Role.ROOT_CAUSE,

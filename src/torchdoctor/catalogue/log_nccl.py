@@ -1,11 +1,12 @@
-"""TD480-499: NCCL failures and NCCL-flavoured hangs as they show up in logs (``explain``).
+"""TD480-TD489, TD494-TD499: NCCL failures as they show up in logs (``explain``).
 
 NCCL errors reach the log twice: NCCL's own ``NCCL WARN`` lines (with ``NCCL_DEBUG=WARN`` or ``INFO``)
-and torch's ``NCCL error in: <file>:<line>, <result>, NCCL version X`` exception followed by the
-``ncclXxxError: ...`` explanation. ProcessGroupNCCL's watchdog then times out or aborts the *other*
-ranks: those lines are cascades, and the first failing rank's own error is the root cause.
-Positive and near-miss fixtures (real text, with the public report they come from) live in
-``tests/fixtures/logs/<CODE>/``.
+and torch's ``NCCL error in: <file>:<line>, <result>, NCCL version X`` exception (torch < 1.5: ``NCCL
+error in <file>:<line>, <result>``; ``NCCL Error <n>: <result>`` from older NCCL bindings; nccl-tests:
+``NCCL failure <file>:<line> '<result>'``) followed by the ``ncclXxxError: ...`` explanation.
+ProcessGroupNCCL's watchdog then times out or aborts the *other* ranks: those cascades live in
+``log_nccl_hang.py``. Positive and near-miss fixtures (real text, with the public report they come
+from) live in ``tests/fixtures/logs/<CODE>/``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ _NOT_PRINTED = "version not printed on this line"
 
 
 def _nccl_error(result: str) -> str:
-    """torch's ``NCCL error in: <where>, <result> ..., NCCL version X`` (or NCCL's ``NCCL error: <result>``)."""
-    return (rf"NCCL error(?: in: (?P<where>[^,\s]+))?[:,] {result}"
+    """A NCCL result as torch, NCCL's bindings and nccl-tests print it, with the NCCL version when it is there.
+
+    ``NCCL error in: <where>, <result>, NCCL version X`` (``in`` without a colon before torch 1.5),
+    ``NCCL error: <result>``, ``NCCL Error 2: <result>``, nccl-tests' ``NCCL failure <where> '<result>'``.
+    """
+    return (rf"NCCL (?:[Ee]rror(?: in:? (?P<where>[^,\s]+),| \d+:|:)|failure (?P<test_where>[^\s']+) ') ?{result}"
             rf"(?:.*?NCCL version (?P<nccl_version>\d+(?:\.\d+)+))?")
 
 
@@ -174,23 +179,27 @@ TD485 = register(Code(
 TD486 = register(Code(
     code="TD486", name="nccl-shm-segment-failed", family="nccl", severity=Severity.ERROR, area="distributed",
     title="NCCL could not create its shared-memory segment in /dev/shm",
-    message="NCCL could not create {segment} ({size} bytes) in /dev/shm: {error}.",
+    message="NCCL could not create {segment} (size {size}) in /dev/shm: {error}.",
     fix="Give the container a larger /dev/shm: `docker run --shm-size=8g ...` or `--ipc=host`; in Kubernetes mount "
         "an `emptyDir` with `medium: Memory` at /dev/shm (pytorch/ci-infra#490 did exactly that). Remove leftover "
         "`/dev/shm/nccl-*` files of dead jobs. `NCCL_SHM_DISABLE=1` confirms the diagnosis (NCCL then uses P2P or "
         "the network, slower).",
     meaning="NCCL's SHM transport (ranks on one node talking through host memory) creates one file per connection "
-            "in /dev/shm and extends it with fallocate; that failed.",
+            "in /dev/shm (`nccl-*`; `nccl-shm-recv-*` before NCCL 2.8) and extends it with fallocate; that failed.",
     why="Docker's default /dev/shm is 64 MB and several ranks each need a few MB per peer and channel; also a "
         "/dev/shm filled by DataLoader workers or stale segments.",
     false_positives="A 'Cuda failure' just before it (cudaHostRegister failing) points at the CUDA side instead "
-                    "(nccl#1518).",
+                    "(nccl#1518); 'Call to shm_open failed : Permission denied' before it means /dev/shm lost its "
+                    "mode (`chmod 1777 /dev/shm`), not its size.",
     related=("TD487", "TD102", "TD103", "TD104", "TD480"),
     signatures=(
         Signature(role=Role.ROOT_CAUSE, triggers=("Error while creating shared memory segment",),
-                  pattern=r"Error while creating shared memory segment (?P<segment>/dev/shm/nccl-\S*) \(size "
+                  pattern=r"Error while creating shared memory segment (?P<segment>(?:/dev/shm/)?nccl-\S*) \(size "
                           r"(?P<size>\d+)\)(?:, error: (?P<error>[^(]+?) \((?P<errno>\d+)\))?",
                   confidence=0.9, values={"error": "the segment could not be created or extended"}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("Call to posix_fallocate failed",),  # NCCL 2.4-2.7 (include/shm.h)
+                  pattern=r"NCCL WARN Call to posix_fallocate failed ?: (?P<error>No space left on device)",
+                  confidence=0.85, values={"segment": "a /dev/shm/nccl-* segment", "size": "not printed"}),
         Signature(role=Role.ROOT_CAUSE, triggers=("failed to extend /dev/shm/nccl-",),
                   pattern=r"failed to extend (?P<segment>/dev/shm/nccl-\S+) to (?P<size>\d+) bytes"
                           r"(?:, error: (?P<error>[^(]+?) \((?P<errno>\d+)\))?",
@@ -220,7 +229,7 @@ TD487 = register(Code(
 ))
 
 TD488 = register(Code(
-    code="TD488", name="nccl-duplicate-gpu", family="nccl", severity=Severity.ERROR, area="distributed",
+    code="TD488", name="nccl-duplicate-gpu", family="gpu-unavailable", severity=Severity.ERROR, area="distributed",
     title="two ranks of one NCCL communicator are on the same GPU",
     message="NCCL refused to build a communicator: {duplicate}.",
     fix="Give each rank its own GPU before the process group is created: "
@@ -242,116 +251,26 @@ TD488 = register(Code(
     ),
 ))
 
-_WORK = (r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
-         r"(?:, NumelIn=(?P<numel_in>\d+), NumelOut=(?P<numel_out>\d+))?")
-
-TD490 = register(Code(
-    code="TD490", name="nccl-watchdog-timeout", family="dist-hang", severity=Severity.ERROR, area="distributed",
-    title="a NCCL collective timed out (watchdog): look for the rank that failed first",
-    message="NCCL collective {op} (SeqNum {seq}) did not complete within {timeout_ms} ms: this rank waited for peers "
-            "that never joined.",
-    fix="This is a symptom. Find the rank that failed or stalled first; its own error (CUDA OOM, a crash, a NCCL "
-        "error, a killed process) is the cause. Compare the last completed SeqNum per rank, and set "
-        "`TORCH_DISTRIBUTED_DEBUG=DETAIL` (desync report names the lagging rank) and "
-        "`TORCH_NCCL_TRACE_BUFFER_SIZE=2000`. If no rank failed: the ranks took different paths (a collective "
-        "inside `if rank == 0`, uneven data so one rank runs an extra step), or a long rank-0-only step "
-        "(evaluation, checkpoint saving) exceeded the timeout: raise it with "
-        "`init_process_group(timeout=datetime.timedelta(hours=1))`. For transport problems: `NCCL_DEBUG=INFO`, "
-        "`NCCL_P2P_DISABLE=1` / `NCCL_IB_DISABLE=1`.",
-    meaning="ProcessGroupNCCL's watchdog thread found a collective still running after the process group timeout "
-            "(10 minutes by default in recent torch, 30 before) and will abort the process.",
-    why="Another rank died, hung, or is executing a different collective; less often the network or GPU "
-        "peer-to-peer path hangs.",
-    false_positives="A single rank doing long legitimate work between collectives (big evaluation on rank 0) also "
-                    "times out its peers; then the fix is the timeout or moving that work.",
-    related=("TD491", "TD492", "TD493", "TD350", "TD482", "TD480"),
+TD497 = register(Code(
+    code="TD497", name="nccl-socket-family-unsupported", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="NCCL could not create a socket: the address family (IPv6 or IPv4) is not supported here",
+    message="NCCL could not create its bootstrap/network socket: '{error}'. It picked an address family (usually "
+            "IPv6) that this host's kernel or container does not support.",
+    fix="Pin NCCL to IPv4 and to an interface that has an IPv4 address: `export NCCL_SOCKET_FAMILY=AF_INET` and "
+        "`NCCL_SOCKET_IFNAME=<iface>` (see `ip -br addr`; the same on every node), and make MASTER_ADDR an IPv4 "
+        "address. Check that every node has an IP interface at all (`ip -br addr` must show more than `lo`), since "
+        "NCCL needs one for its bootstrap even on a single node. Mixed IPv4/IPv6 nodes need the same family "
+        "everywhere.",
+    meaning="socket() failed with EAFNOSUPPORT: the address NCCL chose (from NCCL_SOCKET_IFNAME, the interface scan or "
+            "NCCL_COMM_ID) belongs to a family the kernel has disabled (`ipv6.disable=1`, containers without IPv6).",
+    why="IPv6 disabled on the host or in the container while an interface or host name still yields an IPv6 "
+        "address, nodes configured differently, or no usable IP interface found at all.",
+    false_positives="None known.",
+    related=("TD480", "TD411", "TD460"),
     signatures=(
-        Signature(role=Role.CASCADE, triggers=("Watchdog caught collective operation timeout",),
-                  pattern=rf"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: {_WORK}, "
-                          r"Timeout\(ms\)=(?P<timeout_ms>\d+)\) ran for (?P<ran_ms>\d+) milliseconds before timing out",
-                  confidence=0.9),
-        Signature(role=Role.CASCADE, triggers=("timed out in blocking wait",),
-                  pattern=rf"(?:\[Rank (?P<rank>\d+)\] )?Work {_WORK}, Timeout\(ms\)=(?P<timeout_ms>\d+)\) timed out "
-                          r"in blocking wait", confidence=0.85),
-    ),
-))
-
-TD491 = register(Code(
-    code="TD491", name="nccl-watchdog-abort", family="dist-hang", severity=Severity.ERROR, area="distributed",
-    title="the NCCL watchdog is taking the process down after a failed or timed-out collective",
-    message="ProcessGroupNCCL's watchdog is terminating this process after a collective failed or timed out "
-            "({status}).",
-    fix="A symptom: read the error or timeout printed before it on this rank (TD490 and others), and the first "
-        "failure on any rank. " + "Set `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` to record what each rank was doing.",
-    meaning="After a NCCL error or timeout the watchdog aborts the communicator and the process, because later GPU "
-            "work could use incomplete data.",
-    why="Follows every NCCL timeout or asynchronous NCCL error.",
-    false_positives="Never a cause by itself.",
-    related=("TD490", "TD492"),
-    signatures=(
-        Signature(role=Role.CASCADE, triggers=("Some NCCL operations have failed or timed out",),
-                  pattern=r"Some NCCL operations have failed or timed out", confidence=0.8,
-                  values={"status": "see the watchdog lines before this one"}),
-        Signature(role=Role.CASCADE, triggers=("we are taking the entire process down",),
-                  pattern=r"To avoid (?:data|this) inconsistency, we are taking the entire process down",
-                  confidence=0.8,
-                  values={"status": "see the watchdog lines before this one"}),
-        Signature(role=Role.CASCADE, triggers=("detected by watchdog at work", "Timeout at NCCL work"),
-                  pattern=r"(?:detected by watchdog at work|Timeout at NCCL work): (?P<status>(?P<work>\d+), last "
-                          r"enqueued NCCL work: (?P<last_enqueued>-?\d+), last completed NCCL work: "
-                          r"(?P<last_completed>-?\d+))", confidence=0.8),
-        Signature(role=Role.CASCADE, triggers=("failure detected by watchdog at work sequence id",),
-                  pattern=r"failure detected by watchdog at work sequence id: (?P<status>(?P<work>\d+) PG status: "
-                          r"last enqueued work: (?P<last_enqueued>-?\d+), last completed work: "
-                          r"(?P<last_completed>-?\d+))", confidence=0.8),
-    ),
-))
-
-TD492 = register(Code(
-    code="TD492", name="nccl-heartbeat-monitor-timeout", family="dist-hang", severity=Severity.ERROR,
-    area="distributed",
-    title="ProcessGroupNCCL's heartbeat monitor found the watchdog stuck and kills the process",
-    message="ProcessGroupNCCL's watchdog thread stopped making progress ({detail}); the heartbeat monitor "
-            "terminates the process.",
-    fix="A symptom of a hang: a NCCL or CUDA call blocks the watchdog (a peer died or never arrived, a GIL deadlock, "
-        "a collective that never completes). Find the first rank that failed; dump the stacks of hung ranks "
-        "(`py-spy dump --pid <pid>`). If nodes start minutes apart (LlamaFactory#6953) or one rank does long work "
-        "before its first collective, raise `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`; set "
-        "`TORCH_NCCL_ENABLE_MONITORING=0` only when sure it is a false positive.",
-    meaning="A monitor thread checks that the watchdog thread's heartbeat advances; when it stalls for "
-            "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC the monitor dumps debug info and aborts.",
-    why="The watchdog is blocked inside NCCL/CUDA (usually because a collective can never finish) or by the GIL.",
-    false_positives="Very slow startup of some ranks.",
-    related=("TD490", "TD491", "TD493"),
-    signatures=(
-        Signature(role=Role.CASCADE, triggers=("Heartbeat monitor timed out",),
-                  pattern=r"Heartbeat monitor timed out! Process will be terminated after dumping debug info\."
-                          r"(?: (?P<detail>workMetaList_\.size\(\)=(?P<pending>\d+)))?", confidence=0.85,
-                  values={"detail": "heartbeat monitor timed out"}),
-        Signature(role=Role.CASCADE, triggers=("watchdog got stuck for",),
-                  pattern=r"ProcessGroupNCCL's watchdog got stuck for (?P<detail>(?P<stuck_s>\d+) seconds) without "
-                          r"making progress", confidence=0.85),
-    ),
-))
-
-TD493 = register(Code(
-    code="TD493", name="nccl-desync-lagging-rank", family="dist-hang", severity=Severity.ERROR, area="distributed",
-    title="torch's desync report names the rank(s) that never joined a collective",
-    message="The desync report names rank(s) {lagging} as lagging, dead or mismatched: they did not join collective "
-            "#{missing}.",
-    fix="Read the log of rank(s) {lagging}: a crash, OOM or error there is the cause. If they were alive, they were "
-        "blocked elsewhere (data loading, I/O, a different code path or a rank-conditional collective): dump their "
-        "stacks with `py-spy dump --pid <pid>` and run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` to check collective "
-        "order and shapes.",
-    meaning="With desync debugging on, the watchdog of a timed-out rank asks every rank for its last collective and "
-            "reports who is behind.",
-    why="One rank died, hung, or took another code path, so its peers waited for it until the timeout.",
-    false_positives="None known; the named ranks are the ones to investigate.",
-    related=("TD490", "TD492"),
-    signatures=(
-        Signature(role=Role.ROOT_CAUSE, triggers=("didn't join collective",),
-                  pattern=r"\[(?P<lagging>\d+(?:, \d+)*)\] (?:finished collective #(?P<finished>\d+), but )?"
-                          r"didn't join collective #(?P<missing>\d+)", confidence=0.7),
+        Signature(role=Role.ROOT_CAUSE, triggers=("Socket creation failed",),
+                  pattern=r"Socket creation failed ?: (?P<error>Address family not supported by protocol)",
+                  confidence=0.8),
     ),
 ))
 
@@ -401,23 +320,5 @@ TD495 = register(Code(
                   pattern=r"DDP expects same model across all ranks, but Rank (?P<rank>\d+) has (?P<params>\d+) "
                           r"params, while rank (?P<other_rank>\d+) has inconsistent (?P<other_params>\d+) params",
                   confidence=0.95),
-    ),
-))
-
-TD496 = register(Code(
-    code="TD496", name="nccl-flight-recorder-advice", family="dist-hang", severity=Severity.INFO, area="distributed",
-    title="torch's note that the NCCL flight recorder was off",
-    message="torch could not show the failed collective's stack ({hint}); context for a NCCL failure, not a cause.",
-    fix="To record each rank's recent collectives for the next failure, set `TORCH_NCCL_TRACE_BUFFER_SIZE=2000`; "
-        "the dumps show which rank stopped issuing collectives.",
-    meaning="Printed by ProcessGroupNCCL next to a watchdog failure when its trace buffer is disabled.",
-    why="The flight recorder is off by default in many torch versions.",
-    false_positives="It is advice, never a diagnosis.",
-    related=("TD490", "TD491"),
-    signatures=(
-        Signature(role=Role.ADVICE, triggers=("FlightRecorder is disabled",),
-                  pattern=r"Stack trace of the failed collective not found, potentially because FlightRecorder is "
-                          r"disabled", confidence=0.3,
-                  values={"hint": "flight recorder disabled; enable with TORCH_NCCL_TRACE_BUFFER_SIZE"}),
     ),
 ))

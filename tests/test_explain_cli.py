@@ -18,7 +18,8 @@ def _json(proc: subprocess.CompletedProcess[str]) -> dict:
 
 def _real_keyerror() -> str:
     """A real Python traceback that is no torch/OS failure (produced live, never typed)."""
-    proc = subprocess.run([sys.executable, "-c", "d = {}\nd['learning_rate']"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", "d = {}\nd['learning_rate']"], capture_output=True, text=True, timeout=60,
+                          check=False)
     assert proc.returncode == 1 and "KeyError" in proc.stderr
     return proc.stderr
 
@@ -90,3 +91,55 @@ def test_directory_and_several_inputs(tmp_path: Path) -> None:
 def test_help_names_the_inputs() -> None:
     proc = run_cli("explain", "--help")
     assert proc.returncode == 0 and "error.json" in proc.stdout and "--format" in proc.stdout
+
+
+def test_a_second_failure_is_shown_under_the_root_cause(tmp_path: Path) -> None:
+    # rank 5's real TD150 failure, and on rank 2 a real KeyError traceback that no signature explains
+    log = tmp_path / "console.log"
+    body = TD150_LOG.read_text(encoding="utf-8").split("# ---\n", 1)[1]
+    lines = [f"[rank5]: {line}" for line in body.split("\n")] + [f"[rank2]: {line}" for line in _real_keyerror().split("\n")]
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = run_cli("explain", str(log))
+    assert proc.returncode == 0 and "Root cause: TD150" in proc.stdout
+    tail = proc.stdout.split("Not explained by TD150 (another failure?):", 1)[1]
+    assert "KeyError: 'learning_rate'" in tail and "[rank 2]" in tail
+    doc = _json(run_cli("explain", str(log), "--format", "json"))
+    assert [(u["rank"], u["relevance"], u["text"]) for u in doc["unmatched_errors"]] == [(2, 4, "[rank2]: KeyError: 'learning_rate'")]
+
+
+def _on_a_terminal(*args: str, env: dict[str, str] | None = None) -> str:
+    """Run the CLI with a real pseudo-terminal as stdout; return what it printed."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "torchdoctor", *args], stdout=slave, stderr=subprocess.PIPE,
+                              timeout=120, check=False, env={**os.environ, "COLUMNS": "120", **(env or {})})
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, proc.stderr
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_text_on_a_terminal_is_coloured_and_laid_out_alike() -> None:
+    import re
+
+    plain = run_cli("explain", str(TD150_LOG)).stdout
+    tty = _on_a_terminal("explain", str(TD150_LOG))
+    visible = re.sub(r"\x1b\[[0-9;]*m", "", tty).replace("\r\n", "\n")
+    assert "\x1b[1;31mRoot cause: " in tty  # coloured through rich
+    assert visible.split("\n")[:3] == plain.split("\n")[:3]
+    assert "torchdoctor codes TD150" in visible and "\x1b" not in plain
+    no_color = _on_a_terminal("explain", str(TD150_LOG), env={"NO_COLOR": "1"})
+    assert "\x1b[1;31m" not in no_color and "torchdoctor codes TD150" in no_color

@@ -14,13 +14,17 @@ import pytest
 from torchdoctor.errors import UsageError
 from torchdoctor.explain import explain, explain_exception, explain_paths, rank_ranges
 from torchdoctor.explain.normalize import SummaryTracker, normalize
-from torchdoctor.explain.sources import blocks, error_json_text, is_log_name, rank_from_path
+from torchdoctor.explain.sources import (
+    blocks,
+    error_json_text,
+    is_log_name,
+    rank_from_path,
+)
 from torchdoctor.model import Severity
 from torchdoctor.registry import Code
 from torchdoctor.signature import Role, Signature
 
 from .test_explain_support import (
-    FIXTURES as FIXTURES_ROOT,
     CONSOLE,
     PEER_CLOSED,
     REMOTE_ADVICE,
@@ -32,6 +36,9 @@ from .test_explain_support import (
     interleave,
     rank_lines,
     test_codes,
+)
+from .test_explain_support import (
+    FIXTURES as FIXTURES_ROOT,
 )
 
 CODES = test_codes()
@@ -57,6 +64,17 @@ FIXTURES_LOGS = FIXTURES_ROOT / "logs"
     ("srun: error: slurm-job-compute-0-1: task 14: Exited with exit code 1", 14,
      "srun: error: slurm-job-compute-0-1: task 14: Exited with exit code 1"),
     ("step 0 loss 1.0000 sum 4", None, "step 0 loss 1.0000 sum 4"),
+    # accelerate launch workers (torchrun's agent): https://github.com/huggingface/accelerate/issues/3612
+    ('[rank0]:   File "/A.I_DATA/jbnu/joonseo/gpu_test.py", line 83, in <module>', 0,
+     '  File "/A.I_DATA/jbnu/joonseo/gpu_test.py", line 83, in <module>'),
+    # `accelerate test` prefixes the script's output: https://github.com/huggingface/accelerate/issues/2390
+    ("stderr:   rank      : 1 (local_rank: 1)", None, "  rank      : 1 (local_rank: 1)"),
+    # Lightning's rank_prefixed_message and user prints (tests/fixtures/explain/pastes/SOURCE.md)
+    ("[rank: 1] Child process with PID 2084751 terminated with code 1. Forcefully terminating all other processes to avoid zombies 🧟",
+     1, "Child process with PID 2084751 terminated with code 1. Forcefully terminating all other processes to avoid zombies 🧟"),
+    ("[Rank 2]: Broadcasting data", 2, "[Rank 2]: Broadcasting data"),
+    # a GUI front-end re-logging a trainer: https://github.com/cocktailpeanut/fluxgym/issues/340
+    ("[2025-02-18 18:14:57] [INFO] Traceback (most recent call last):", None, "Traceback (most recent call last):"),
 ])
 def test_rank_prefixes(line: str, rank: int | None, text: str) -> None:
     norm = normalize(line)
@@ -333,7 +351,7 @@ def test_no_match_shows_the_most_relevant_error_lines() -> None:
     top = report.unmatched_errors[0]
     assert top.ref.text.endswith("Parent directory /nonexistent-dir does not exist.") and top.ref.rank == 2
     assert top.traceback and top.traceback[0].startswith("Traceback")
-    assert len(report.unmatched_errors) <= 5
+    assert len(report.unmatched_errors) <= 8
     assert report.first_failure["source"] == "torchrun-summary" and report.first_failure["rank"] == 2
 
 
@@ -409,3 +427,41 @@ def test_real_catalogue_watchdog_cascades_attach_to_the_real_root_cause() -> Non
     cascade = next(d for d in report.diagnoses if d.code == "TD490")
     assert cascade.role == "cascade" and cascade.explained_by == "TD150" and 5 not in cascade.ranks
     assert report.first_failure["rank"] == 5
+
+
+# --------------------------------------------------------------------------- Accelerate and Lightning
+# Real output (tests/fixtures/explain/pastes/SOURCE.md).
+
+PASTES = FIXTURES_ROOT / "explain" / "pastes"
+
+
+def test_accelerate_stderr_prefixed_summary_gives_ranks_and_hosts() -> None:
+    report = explain(PASTES / "accelerate-2390-stderr-summary.log", codes=[])
+    assert {r: (v["exitcode"], v["host"]) for r, v in report.ranks.items()} == {1: (1, "name-test"), 2: (1, "name-test"), 3: (1, "name-test")}
+    root = explain(PASTES / "accelerate-1473-stderr-root-cause.log", codes=[])
+    assert root.first_failure is not None and root.first_failure["source"] == "torchrun-summary"
+    assert (root.first_failure["rank"], root.first_failure["host"]) == (1, "dgx-a100-02.cse.iith.ac.in")
+
+
+def test_rich_boxed_tracebacks_are_frames() -> None:
+    # accelerate's rich tracebacks: box lines are source and frames, never errors or matches
+    prepare = Code(
+        code="TDT08", name="prepare-frame", family="dist-env", severity=Severity.ERROR, area="distributed",
+        title="t", message="m", fix="f", meaning="-", why="-", false_positives="-",
+        signatures=(Signature(role=Role.ROOT_CAUSE, triggers=("accelerator.prepare",), pattern=r"accelerator\.prepare"),),
+    )
+    start = explain(PASTES / "accelerate-882-rich-box-start.log", codes=[prepare])
+    assert start.codes() == [] and start.unmatched_errors == []
+    end = explain(PASTES / "kohya-897-rich-box-end.log", codes=[])
+    texts = [u.ref.text for u in end.unmatched_errors]
+    assert "ChildFailedError:" in texts and not any(t.startswith(("│", "╰")) for t in texts)
+
+
+def test_lightning_fabric_ranks_and_child_process_line() -> None:
+    report = explain(PASTES / "lightning-fabric-keys-values.log", codes=[])
+    top, child = report.unmatched_errors[:2]
+    assert top.ref.text.endswith("Parent communicator missing in eager initialization mode.")
+    assert (top.ranks, top.count, top.score) == ([1, 2], 2, 4)
+    assert top.traceback[0] == "Traceback (most recent call last):" and "isend" in top.traceback[-2]
+    assert child.ref.rank == 1 and "terminated with code 1" in child.ref.text
+    assert report.first_failure["rank"] == 1

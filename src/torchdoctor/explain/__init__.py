@@ -7,14 +7,15 @@
 
 Pipeline: :mod:`.sources` (files, directories, gzip, stdin; whole-line blocks in constant memory)
 → :mod:`.match` (one literal scan per block, then only the signatures whose trigger was found)
-→ :mod:`.stream` (normalisation, per-rank traceback stitching, bounded collection)
-→ :mod:`.triage` (earliest root cause, cascades attached, confidences) → :mod:`.render`.
+→ :mod:`.stream` (normalisation, pastes split back into lines, per-rank traceback stitching,
+bounded collection; :mod:`.relevance` ranks the error lines no signature explains)
+→ :mod:`.triage` (earliest root cause, cascades attached, confidences) → :mod:`.render`
+(:mod:`.textout` lays out the text report).
 """
 
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Iterable, Sequence
 from typing import Union
 
@@ -79,6 +80,8 @@ def explain_paths(paths: Iterable[str | os.PathLike[str]], codes: Sequence[Code]
 
 def explain_exception(exc: BaseException, codes: Sequence[Code] | None = None) -> ExplainReport:
     """Explain a live exception: its formatted traceback (with causes and context) is the log."""
+    import traceback
+
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return explain(text, codes)
 

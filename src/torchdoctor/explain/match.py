@@ -1,7 +1,7 @@
 """Which lines to look at, and which signatures match them.
 
-Every signature's literal triggers, plus a few generic words (grep's ``Error|Exception|Traceback|
-Killed|signal``, for the unmatched-error report) and torchrun's summary markers, form one literal
+Every signature's literal triggers, plus generic error words (a superset of grep's ``Error|Exception|
+Traceback|Killed|signal``, for the unmatched-error report) and torchrun's summary markers, form one literal
 set. A :class:`Scanner` finds them in a whole block of bytes at C speed; only the lines that hold
 one (and short windows after tracebacks and summaries) are decoded and normalised in Python, and
 only the signatures whose trigger was found run their regex on that line.
@@ -22,14 +22,21 @@ from ..registry import Code
 from ..signature import Signature
 
 GENERIC = (
-    "Error:", "Error(", "Exception:", "Exception(", "MemoryError", "Traceback", "Killed", "killed", "signal",
-    "error:", "ERROR", "Segmentation fault", "core dumped", "Aborted", "FAILED",
+    "Error", "error", "ERROR", "Exception", "Interrupt", "Warning", "warning", "WARN",
+    "failed", "Failed", "FAILED", "failure", "Failure", "fatal", "Fatal", "FATAL",
+    "Traceback", "SIG", "Killed", "killed", "signal", "Segmentation fault", "core dumped", "Aborted",
+    "errno", "Errno", "xit code", "xitcode", "xit status", "eturn code", "eturncode", "with code",
+    "timed out", "No such file", "Permission denied", "Connection refused", "Connection reset", "already in use",
+    "No space left", "Cannot allocate", "Too many open files", "Broken pipe", "Input/output error",
+    "Read-only file system", "quota exceeded", "ut of memory", "command not found", "oom-kill",
+    "Illegal instruction", "Floating point exception", "double free", "terminate called", "what():",
 )
-"""Literals that make a line an error line worth showing when no signature explains it.
+"""Literals that make a line an unmatched-error candidate (see :mod:`.relevance`, which decides).
 
-Narrower than grep's ``Error|Exception``: a training loop that prints ``MeanSquaredError 0.12`` on
-every line must not turn every line into an error line. Exception lines that end a traceback are
-found through the traceback window whatever they say."""
+Every word :func:`~.relevance.relevance` ranks must be here, or a line holding only that word is
+never read. A training loop that prints ``MeanSquaredError 0.12`` on every line costs little: lines
+of a shape already read twice are skipped (:meth:`~.stream.LineProcessor.walk`), and metric-shaped
+words are not error lines."""
 TRACEBACK = "Traceback (most recent call last)"
 WINDOWS = {
     TRACEBACK: 64 * 1024,
@@ -43,7 +50,7 @@ HIT_WINDOW = 512
 FAST_AFTER = 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class Candidate:
     code: Code
     signature: Signature

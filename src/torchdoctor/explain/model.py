@@ -106,7 +106,10 @@ class Diagnosis:
 
 @dataclass
 class UnmatchedError:
-    """An error line no signature explained (the most relevant few are reported)."""
+    """An error line no signature explained (the most relevant few are reported).
+
+    ``score`` is its relevance, 1 (a warning) to 4 (the line that ends a traceback): see
+    :mod:`torchdoctor.explain.relevance`."""
 
     ref: LineRef
     score: int
@@ -116,7 +119,7 @@ class UnmatchedError:
 
     def to_dict(self) -> dict[str, Any]:
         out = self.ref.to_dict()
-        out.update({"count": self.count, "ranks": self.ranks, "traceback": self.traceback})
+        out.update({"count": self.count, "ranks": self.ranks, "traceback": self.traceback, "relevance": self.score})
         return out
 
 

@@ -1,19 +1,31 @@
-"""``explain`` reports as text (rich), Markdown and JSON. rich is imported only for text."""
+"""``explain`` reports as text, Markdown and JSON.
+
+Text is laid out by :class:`~.textout.Writer`: plain off a terminal (rich is not even imported, which
+keeps a pasted traceback's explain fast), coloured through rich on a terminal.
+"""
 
 from __future__ import annotations
 
-import json
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
+
+if TYPE_CHECKING:
+    from .textout import Writer
 
 _ROLE_LABEL = {"root-cause": "Root cause", "cascade": "Cascade", "confirmation": "Confirmation", "advice": "Advice"}
 _ROLE_STYLE = {"root-cause": "bold red", "cascade": "yellow", "confirmation": "cyan", "advice": "dim"}
 TEXT_LINE = 300
+ALSO_UNEXPLAINED = 3
+"""Unexplained error lines shown (tier 3 and up) under a named root cause."""
+LABEL = 5
+"""Width of the ``fix:`` / ``more:`` label column."""
 
 
 def render(report: ExplainReport, fmt: str, out: IO[str]) -> None:
     if fmt == "json":
+        import json
+
         json.dump(report.to_dict(), out, indent=2, default=str)
         out.write("\n")
     elif fmt == "markdown":
@@ -68,95 +80,93 @@ def _first_failure_line(report: ExplainReport) -> str | None:
 
 
 def write_text(report: ExplainReport, out: IO[str]) -> None:
-    from rich.text import Text
+    from .textout import Writer
 
-    from ..report.text import stripped
-
-    with stripped(out) as console:
-        console.print(Text(f"torchdoctor explain · {_summary(report)}", style="bold"))
-        console.print()
-        if not report.diagnoses:
-            _text_unmatched(console, report, headline=True)
-        else:
-            _text_block(console, report.diagnoses[0], report)
-        rest = report.diagnoses[1:]
-        if rest:
-            from rich.padding import Padding
-
-            console.print()
-            console.print(Text("Also found", style="bold underline"))
-            for d in rest:
-                line = Text()
-                line.append(f"{d.code} {d.name}", style=_ROLE_STYLE.get(d.role, ""))
-                line.append(f"  {d.role}")
-                if d.ranks:
-                    line.append(f", ranks {d.ranks_text}")
-                line.append(f", {d.count} line{'s' if d.count != 1 else ''}")
-                if d.explained_by:
-                    line.append(f" (explained by {d.explained_by})", style="dim")
-                console.print(Padding(line, (0, 0, 0, 2)))
-                console.print(Padding(Text(f"{_where(d.evidence[0])}  {_short(d.evidence[0].text, 160)}", style="dim"), (0, 0, 0, 6)))
-        if report.diagnoses and report.root_cause is None and report.unmatched_errors:
-            console.print()
-            _text_unmatched(console, report, headline=False)
-        for note in report.notes:
-            console.print(Text(f"note: {note}", style="dim"))
+    w = Writer(out)
+    w.line(f"torchdoctor explain · {_summary(report)}", style="bold")
+    w.blank()
+    if not report.diagnoses:
+        _text_unmatched(w, report, headline=True)
+    else:
+        _text_block(w, report.diagnoses[0], report)
+    rest = report.diagnoses[1:]
+    if rest:
+        w.blank()
+        w.line("Also found", style="bold underline")
+        for d in rest:
+            line = [(f"{d.code} {d.name}", _ROLE_STYLE.get(d.role, "")), (f"  {d.role}", "")]
+            if d.ranks:
+                line.append((f", ranks {d.ranks_text}", ""))
+            line.append((f", {d.count} line{'s' if d.count != 1 else ''}", ""))
+            if d.explained_by:
+                line.append((f" (explained by {d.explained_by})", "dim"))
+            w.line(line, indent=2)
+            w.line(f"{_where(d.evidence[0])}  {_short(d.evidence[0].text, 160)}", indent=6, style="dim")
+    if report.diagnoses and report.root_cause is None and report.unmatched_errors:
+        w.blank()
+        _text_unmatched(w, report, headline=False)
+    elif report.root_cause is not None:
+        _text_unexplained(w, report)
+    for note in report.notes:
+        w.line(f"note: {note}", style="dim")
 
 
-def _text_block(console: Any, d: Diagnosis, report: ExplainReport) -> None:
-    from rich.padding import Padding
-    from rich.table import Table
-    from rich.text import Text
-
-    head = Text()
-    head.append(f"{_ROLE_LABEL.get(d.role, d.role)}: ", style=_ROLE_STYLE.get(d.role, ""))
-    head.append(f"{d.code} {d.name}", style="bold")
-    head.append(f"  [{d.family}]  confidence {d.confidence:.2f}", style="dim")
-    console.print(head)
+def _text_block(w: Writer, d: Diagnosis, report: ExplainReport) -> None:
+    w.line([(f"{_ROLE_LABEL.get(d.role, d.role)}: ", _ROLE_STYLE.get(d.role, "")), (f"{d.code} {d.name}", "bold"),
+            (f"  [{d.family}]  confidence {d.confidence:.2f}", "dim")])
     ff = _first_failure_line(report)
     if ff and d.role == "root-cause":
-        console.print(Padding(Text(ff), (0, 0, 0, 2)))
+        w.line(ff, indent=2)
     elif _who(d):
-        console.print(Padding(Text(_who(d)), (0, 0, 0, 2)))
-    console.print(Padding(Text(d.message), (0, 0, 0, 2)))
-    console.print(Padding(Text("evidence:", style="dim"), (0, 0, 0, 2)))
+        w.line(_who(d), indent=2)
+    w.line(d.message, indent=2)
+    w.line("evidence:", indent=2, style="dim")
     for ref in d.evidence:
-        console.print(Padding(Text(f"{_where(ref)}  {_short(ref.text)}"), (0, 0, 0, 4)))
+        w.line(f"{_where(ref)}  {_short(ref.text)}", indent=4)
     if d.traceback:
-        console.print(Padding(Text("traceback (last frames):", style="dim"), (0, 0, 0, 2)))
+        w.line("traceback (last frames):", indent=2, style="dim")
         for line in d.traceback[-6:]:
-            console.print(Padding(Text(_short(line, 160), style="dim"), (0, 0, 0, 4)))
+            w.line(_short(line, 160), indent=4, style="dim")
     for note in d.notes:
-        console.print(Padding(Text(f"note: {note}", style="dim"), (0, 0, 0, 2)))
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="green", no_wrap=True)
-    grid.add_column()
-    grid.add_row("fix:", d.fix.strip())
-    grid.add_row("more:", Text(f"torchdoctor codes {d.code}", style="dim"))
-    console.print(Padding(grid, (0, 0, 0, 2)))
+        w.line(f"note: {note}", indent=2, style="dim")
+    w.labelled("fix:", d.fix, LABEL)
+    w.labelled("more:", f"torchdoctor codes {d.code}", LABEL, style="dim")
 
 
-def _text_unmatched(console: Any, report: ExplainReport, headline: bool) -> None:
-    from rich.padding import Padding
-    from rich.text import Text
+def _unexplained(report: ExplainReport) -> list[UnmatchedError]:
+    return [u for u in report.unmatched_errors if u.score >= 3][:ALSO_UNEXPLAINED]
 
+
+def _text_unexplained(w: Writer, report: ExplainReport) -> None:
+    """Error lines the root cause does not account for: a second failure must not hide behind it."""
+    items = _unexplained(report)
+    if not items:
+        return
+    root = report.root_cause.code if report.root_cause else "the root cause"
+    w.blank()
+    w.line(f"Not explained by {root} (another failure?):", style="bold")
+    for u in items:
+        w.line(f"{_where(u.ref)}  {_short(u.ref.text)}", indent=2)
+
+
+def _text_unmatched(w: Writer, report: ExplainReport, headline: bool) -> None:
     if headline:
-        console.print(Text(f"No known failure signature matched ({_summary(report)}).", style="bold yellow"))
+        w.line(f"No known failure signature matched ({_summary(report)}).", style="bold yellow")
     if not report.unmatched_errors:
         if headline:
-            console.print(Text("No error lines either (nothing with Error, Exception, Traceback, Killed or signal)."))
+            w.line("No error lines either (no exception, error, failure, signal, exit code or warning line).")
         return
-    console.print(Text("The most relevant error lines:" if headline else "Unexplained error lines:", style="bold"))
+    w.line("The most relevant error lines:" if headline else "Unexplained error lines:", style="bold")
     for u in report.unmatched_errors:
         more = f"  (×{u.count}" + (f", ranks {_ranks(u)})" if len(u.ranks) > 1 else ")") if u.count > 1 else ""
-        console.print(Padding(Text(f"{_where(u.ref)}  {_short(u.ref.text)}{more}"), (0, 0, 0, 2)))
+        w.line(f"{_where(u.ref)}  {_short(u.ref.text)}{more}", indent=2)
         if u.traceback and len(u.traceback) > 1:
-            console.print(Padding(Text(_short(u.traceback[-1], 160), style="dim"), (0, 0, 0, 6)))
+            w.line(_short(u.traceback[-1], 160), indent=6, style="dim")
     ff = _first_failure_line(report)
     if ff and headline:
-        console.print(Text(ff))
+        w.line(ff)
     if headline:
-        console.print(Text("If this is a failure torchdoctor should know, report it with these lines.", style="dim"))
+        w.line("If this is a failure torchdoctor should know, report it with these lines.", style="dim")
 
 
 def _ranks(u: UnmatchedError) -> str:
@@ -192,6 +202,11 @@ def markdown(report: ExplainReport) -> str:
             lines += [f"_{note}_", ""]
         if i == 0 or d.role == "root-cause":
             lines += ["**Fix:**", "", "```", d.fix.strip(), "```", "", f"More: `torchdoctor codes {d.code}`", ""]
+    if report.root_cause is not None and _unexplained(report):
+        lines += [f"### Not explained by {report.root_cause.code}", ""]
+        lines += [f"- `{_md(u.ref.location)}` {f'(rank {u.ref.rank}) ' if u.ref.rank is not None else ''}`{_md(_short(u.ref.text, 200))}`"
+                  for u in _unexplained(report)]
+        lines.append("")
     if report.unmatched_errors and report.root_cause is None:
         lines += ["### Most relevant error lines", ""]
         lines += [f"- `{_md(u.ref.location)}` {f'(rank {u.ref.rank}) ' if u.ref.rank is not None else ''}`{_md(_short(u.ref.text, 200))}`" for u in report.unmatched_errors]

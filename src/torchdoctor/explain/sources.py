@@ -16,17 +16,13 @@ Directory layouts understood (rank and host are taken from the path when the lin
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import re
 import sys
-import threading
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from ..errors import UsageError
 
@@ -42,7 +38,7 @@ _TORCHRUN_RE = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stdout\.log|stderr\.log
 _RANK_NAME_RE = re.compile(r"(?i)rank[_.-]?(\d{1,6})(?!\d)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False, eq=False)
 class Block:
     """Whole lines ``data[start:end]`` (ending in a newline, except maybe the very last block)."""
 
@@ -55,7 +51,7 @@ class Block:
     """Newlines in ``data[start:end]``."""
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Source:
     """One input stream with the rank and host its location implies (None when unknown)."""
 
@@ -88,9 +84,8 @@ def is_log_name(name: str) -> bool:
     low = name.lower()
     if low.startswith("."):
         return False
-    if low.endswith(".gz"):
-        low = low[:-3]
-    if low == "error.json" or low.endswith("_error.json") or low.endswith("-error.json"):
+    low = low.removesuffix(".gz")
+    if low == "error.json" or low.endswith(("_error.json", "-error.json")):
         return True
     return low.endswith(_LOG_SUFFIXES) or low.startswith(("stdout", "stderr"))
 
@@ -212,6 +207,8 @@ class TruncatedInput(Exception):
 
 def _gunzip(pieces: Iterator[bytes]) -> Iterator[bytes]:
     """Decompress (concatenated) gzip members with bounded output per step."""
+    import zlib
+
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     fed = False
     for piece in pieces:
@@ -257,6 +254,8 @@ def error_json_pieces(path: Path) -> Iterator[bytes]:
 
 
 def error_json_text(raw: bytes) -> str | None:
+    import json
+
     try:
         doc = json.loads(raw.decode("utf-8", "replace"))
     except (ValueError, RecursionError):
@@ -330,6 +329,9 @@ def prefetch(it: Iterator[Block], depth: int = 2) -> Iterator[Block]:
 
     The thread stops as soon as the consumer does (``stop``), so it never blocks on a full queue.
     """
+    import queue
+    import threading
+
     q: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
     done = object()
@@ -367,6 +369,18 @@ def prefetch(it: Iterator[Block], depth: int = 2) -> Iterator[Block]:
 
 
 __all__ = [
-    "Block", "MAX_LINE", "Source", "TruncatedInput", "blocks", "error_json_text", "file_source",
-    "is_log_name", "lines_source", "prefetch", "rank_from_path", "resolve", "text_source", "walk",
+    "MAX_LINE",
+    "Block",
+    "Source",
+    "TruncatedInput",
+    "blocks",
+    "error_json_text",
+    "file_source",
+    "is_log_name",
+    "lines_source",
+    "prefetch",
+    "rank_from_path",
+    "resolve",
+    "text_source",
+    "walk",
 ]

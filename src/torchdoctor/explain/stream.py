@@ -8,17 +8,28 @@ report needs is kept in a :class:`Collector` whose size does not grow with the i
 Streams: lines are grouped by (source, rank), so a rank-prefixed traceback interleaved with other
 ranks' lines is stitched from its own rank's lines only. The frames and source lines inside an open
 traceback are never matched against signatures (``torch.save(...)`` in a frame is code, not an
-error); the exception line that closes it is, and carries the traceback.
+error); the exception line that closes it is, and carries the traceback. Tracebacks chained by
+"During handling of the above exception", "The above exception was the direct cause" or
+DataLoader's "Original Traceback" share a chain id, so a match explains the unmatched error lines
+of its whole chain (and those a few lines around it on its rank): what stays unexplained is what
+the report shows next to a named root cause.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 from .match import FAST_AFTER, TRACEBACK, SignatureIndex, match_line
 from .model import LineRef
-from .normalize import NormLine, RankFailure, SummaryTracker, Time, normalize
+from .normalize import NormLine, RankFailure, SummaryTracker, Time, normalize, unflatten
+from .relevance import (
+    UnmatchedStore,
+    is_chain_marker,
+    looks_like_exception_line,
+    relevance,
+)
 from .sources import MAX_LINE, Block, Source, TruncatedInput, blocks, prefetch
 
 TB_KEEP_HEAD = 2
@@ -28,16 +39,20 @@ TB_MAX_LINES = 2000
 MAX_EVIDENCE = 6
 MAX_RANKS = 20_000
 """Ranks with a per-rank record; further ranks are only counted."""
-MAX_UNMATCHED = 200
 TIMELINE = 8
 PREFETCH_OVER = 16 * 1024 * 1024
+TIE_BEFORE = 3
+"""Unmatched error lines up to this many lines before a matched signature (same rank) belong to it."""
+TIE_AFTER = 4
+"""... and up to this many lines after it (the rest of a multi-line message, its echo)."""
+RECENT = 8
 
-_EXC_LINE_RE = re.compile(r"[\w.]*(?:Error|Exception|Interrupt|Exit|Failure)\b")
-_DIGITS_RE = re.compile(r"\d+")
 _CARETS_RE = re.compile(r"[\^~ ]+")
+_BOX = ("│", "╭", "╰", "┃")
+"""rich's boxed tracebacks (accelerate, typer): every frame line starts with one of these."""
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Event:
     code: str
     role: str
@@ -49,7 +64,7 @@ class Event:
     traceback: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Group:
     """Every event of one (code, role), bounded: counts, ranks, the first few as evidence."""
 
@@ -80,7 +95,7 @@ def _before(a: Time, b: Time | None) -> bool:
     return b is None or (a[0] == b[0] and a[1] < b[1])
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class RankRecord:
     host: str | None = None
     first: Event | None = None
@@ -89,13 +104,13 @@ class RankRecord:
     """The first :data:`TIMELINE` events of this rank, in reading order."""
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Collector:
     groups: dict[tuple[str, str], Group] = field(default_factory=dict)
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     ranks_dropped: int = 0
     failures: list[RankFailure] = field(default_factory=list)
-    unmatched: dict[str, tuple[int, LineRef, int, set[int], tuple[str, ...], tuple[int, int]]] = field(default_factory=dict)
+    unmatched: UnmatchedStore = field(default_factory=UnmatchedStore)
     lines: int = 0
     bytes: int = 0
     notes: list[str] = field(default_factory=list)
@@ -125,21 +140,8 @@ class Collector:
         if rec.first is None or ev.seq < rec.first.seq:
             rec.first = ev
 
-    def add_unmatched(self, ref: LineRef, score: int, tb: tuple[str, ...], seq: tuple[int, int]) -> None:
-        key = _DIGITS_RE.sub("N", ref.text.strip())[:300]
-        item = self.unmatched.get(key)
-        if item is None:
-            if len(self.unmatched) >= MAX_UNMATCHED:
-                return
-            self.unmatched[key] = (score, ref, 1, {ref.rank} if ref.rank is not None else set(), tb, seq)
-            return
-        s, r, n, ranks, old_tb, old_seq = item
-        if ref.rank is not None and len(ranks) < 10_000:
-            ranks.add(ref.rank)
-        self.unmatched[key] = (max(s, score), r, n + 1, ranks, old_tb or tb, old_seq)
 
-
-@dataclass
+@dataclass(repr=False, eq=False)
 class StreamState:
     tb: list[str] | None = None
     tb_indent: int = 0
@@ -149,6 +151,14 @@ class StreamState:
     closed_at: int = -10
     pending: tuple[NormLine, int] | None = None
     last_time: Time | None = None
+    chain: int | None = None
+    """Id of the current (or last closed) traceback chain: tracebacks joined by "During handling of
+    the above exception" or "The above exception was the direct cause" share one id."""
+    chain_marker_at: int = -10
+    last_match: tuple[int, int | None] | None = None
+    """(line, chain) of the last matched signature that explains its neighbours (not advice)."""
+    recent: deque[tuple[int, str, int | None]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    """(line, key, chain) of the last unmatched error lines not yet explained by a match."""
 
 
 class LineProcessor:
@@ -159,6 +169,7 @@ class LineProcessor:
         self.summary = SummaryTracker()
         self.streams: dict[int | None, StreamState] = {}
         self.shapes: dict[bytes, int] = {}
+        self.chains = 0
 
     # -- walking a block: which lines get decoded ------------------------------------------
 
@@ -170,7 +181,7 @@ class LineProcessor:
             rfind = data.rfind
             for pos, lit in hits:
                 ls = rfind(b"\n", start, pos) + 1
-                by_line.setdefault(ls if ls > start else start, set()).add(lit)
+                by_line.setdefault(max(start, ls), set()).add(lit)
         starts = sorted(by_line)
         k = 0
         cur, cur_line = start, block.first_line
@@ -217,13 +228,18 @@ class LineProcessor:
     # -- one line --------------------------------------------------------------------------
 
     def feed(self, lineno: int, raw: bytes, ids: set[int]) -> None:
-        text = raw.decode("utf-8", "replace")
-        if "\r" in text.rstrip("\r\n"):
-            for seg in text.rstrip("\r\n").split("\r"):
-                if seg.strip():
-                    self.line(lineno, seg, {i for i in ids if self.sig.literals[i] in seg})
-        else:
-            self.line(lineno, text, ids)
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        segs = [seg for seg in text.split("\r") if seg.strip()] if "\r" in text else [text]
+        for seg in segs:
+            pieces = unflatten(seg) if ("]:" in seg or TRACEBACK in seg) and len(seg) > 40 else None
+            if pieces is None:
+                self.line(lineno, seg, ids if len(segs) == 1 else self._ids_in(ids, seg))
+                continue
+            for piece in pieces:
+                self.line(lineno, piece, self._ids_in(ids, piece))
+
+    def _ids_in(self, ids: set[int], text: str) -> set[int]:
+        return {i for i in ids if self.sig.literals[i] in text}
 
     def line(self, lineno: int, raw: str, ids: set[int]) -> None:
         src = self.source
@@ -238,6 +254,8 @@ class LineProcessor:
             st.last_time = norm.time
         else:
             norm.time = st.last_time
+        if is_chain_marker(norm.text):
+            st.chain_marker_at = lineno
         closed = self._stitch(st, norm.text, lineno)
         seq = (self.index, lineno)
         ref = LineRef(src.name, lineno, norm.clean, norm.rank, norm.host)
@@ -254,6 +272,7 @@ class LineProcessor:
             if matches:
                 refs = [LineRef(src.name, prev_line, prev.clean, prev.rank, prev.host), ref]
         st.pending = (norm, lineno) if sig_ids and not matches else None
+        chain = st.chain if closed is not None or (st.tb is None and 0 <= lineno - st.closed_at <= 2) else None
         if matches:
             tb = closed if closed is not None else (st.closed_tb if lineno - st.closed_at <= 2 else ())
             for cand, values in matches:
@@ -263,12 +282,33 @@ class LineProcessor:
                     cand.code.code, cand.signature.role.value, cand.signature.confidence, values, refs[0],
                     norm.time, seq, tb,
                 ))
+            if any(cand.signature.role.value != "advice" for cand, _ in matches):
+                self._explains_neighbours(st, lineno, chain)
             return
-        generic = bool(ids & self.sig.generic)
-        if closed is not None or (generic and st.tb is None):
-            score = _score(norm.text, closed is not None)
-            if score:
-                self.col.add_unmatched(ref, score, closed or (), seq)
+        if in_frames or not (ids or closed is not None):
+            return
+        score, wrapper = relevance(norm.text, closed is not None, trigger_hit=bool(sig_ids))
+        if score:
+            wrapper = wrapper or self.summary.in_entry  # torchrun's summary repeats what a rank printed
+            last = st.last_match
+            tied = last is not None and (
+                (chain is not None and chain == last[1]) or (chain is None and 0 <= lineno - last[0] <= TIE_AFTER)
+            )
+            key = self.col.unmatched.add(ref, norm.text, score, wrapper, closed or (), seq, tied)
+            if key is not None and not tied:
+                st.recent.append((lineno, key, chain))
+
+    def _explains_neighbours(self, st: StreamState, lineno: int, chain: int | None) -> None:
+        """A match explains the unmatched error lines of its traceback chain and those just before it."""
+        st.last_match = (lineno, chain)
+        keep: list[tuple[int, str, int | None]] = []
+        for ln, key, c in st.recent:
+            if (chain is not None and c == chain) or (c is None and 0 <= lineno - ln <= TIE_BEFORE):
+                self.col.unmatched.tie(key)
+            else:
+                keep.append((ln, key, c))
+        st.recent.clear()
+        st.recent.extend(keep)
 
     def _rank_host(self, ref: LineRef) -> None:
         if ref.rank is not None and ref.host:
@@ -280,6 +320,13 @@ class LineProcessor:
         """Track this stream's open traceback; return it when ``text`` is its exception line."""
         pos = text.find(TRACEBACK)
         if pos >= 0:
+            # chained: after "During handling of the above exception..." / "The above exception was the
+            # direct cause...", or DataLoader's re-raise ("Caught X in DataLoader worker" + "Original Traceback")
+            chained = st.chain is not None and 0 <= lineno - st.closed_at <= 8 and (
+                st.chain_marker_at >= st.closed_at or text.startswith("Original Traceback", max(0, pos - 9)))
+            if not chained:
+                self.chains += 1
+                st.chain = self.chains
             st.tb = [text.strip()]
             st.tb_indent = len(text) - len(text.lstrip(" ")) if pos == len(text) - len(text.lstrip()) else 2
             st.tb_start, st.tb_lines = lineno, 1
@@ -292,7 +339,10 @@ class LineProcessor:
         if st.tb_lines > TB_MAX_LINES or lineno - st.tb_start > 20 * TB_MAX_LINES:
             st.tb = None
             return None
-        if not stripped or indent > st.tb_indent or stripped.startswith(("File \"", "^", "~")):
+        frame = not stripped or indent > st.tb_indent or stripped.startswith(("File \"", "^", "~", *_BOX))
+        if not frame and st.tb[-1].startswith("File \"") and not looks_like_exception_line(stripped):
+            frame = True  # the source line of a frame whose indentation a paste lost
+        if frame:
             if stripped and not _CARETS_RE.fullmatch(stripped):
                 st.tb.append(stripped)
                 if len(st.tb) > TB_KEEP_HEAD + TB_KEEP_TAIL:
@@ -305,20 +355,6 @@ class LineProcessor:
 
     def finish(self) -> None:
         self.col.failures += self.summary.finish()
-
-
-def _score(text: str, closes_traceback: bool) -> int:
-    """How relevant an unmatched error line is: 4 ends a traceback ... 1 merely says 'Error'."""
-    s = text.strip()
-    if s.startswith("File \"") or TRACEBACK in s:
-        return 0
-    if closes_traceback:
-        return 4
-    if _EXC_LINE_RE.match(s):
-        return 3
-    if any(w in s for w in ("Killed", "signal", "Segmentation fault", "core dumped", "Aborted", "error:")):
-        return 2
-    return 1
 
 
 def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None:

@@ -14,6 +14,8 @@ Rules, in order:
    and attach to it; advice is listed last and is never a cause.
 5. torchrun's summary (``Root Cause (first observed failure)``) raises confidence when it points
    at the same rank, and supplies ``first_failure`` when no signature matched.
+6. ``unmatched_errors``: without a root cause, the most relevant error lines no signature matched;
+   with one, only those it does not explain (a second, independent failure stays visible).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from .stream import Collector, Event, Group
 
 WEAK = 0.5
 ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3}
-SHOW_UNMATCHED = 5
+SHOW_UNMATCHED = 8
+"""Unmatched error lines reported, most relevant first (see :mod:`.relevance`)."""
 MAX_RANKS_REPORTED = 4096
 
 
@@ -121,7 +124,7 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     for d in diagnoses:
         d.notes = [n for n in d.notes if n]
 
-    unmatched = _unmatched(col)
+    unmatched = _unmatched(col, root_diag is not None)
     ranks = _ranks(col, failures)
     for d in diagnoses:
         if d.host is None and d.rank is not None and d.rank in ranks:
@@ -149,9 +152,12 @@ def _rank_text(rank: int | None) -> str:
     return "?" if rank is None else str(rank)
 
 
-def _unmatched(col: Collector) -> list[UnmatchedError]:
-    items = sorted(col.unmatched.values(), key=lambda t: (-t[0], t[5]))[:SHOW_UNMATCHED]
-    return [UnmatchedError(ref=r, score=s, count=n, ranks=sorted(ranks), traceback=list(tb)) for s, r, n, ranks, tb, _ in items]
+def _unmatched(col: Collector, named_cause: bool) -> list[UnmatchedError]:
+    """The most relevant error lines no signature matched; with a named root cause, only those it
+    does not explain (not next to a matched line, not a launcher's "process died" wrapper)."""
+    items = col.unmatched.ranked(named_cause)[:SHOW_UNMATCHED]
+    return [UnmatchedError(ref=u.ref, score=u.score, count=u.count, ranks=sorted(u.ranks), traceback=list(u.traceback))
+            for u in items]
 
 
 def _first_failure(

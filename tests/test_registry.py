@@ -70,3 +70,23 @@ def test_docs_codes_md_is_current() -> None:
     generated = markdown(CODES)
     on_disk = (REPO / "docs" / "codes.md").read_text(encoding="utf-8")
     assert on_disk == generated, "docs/codes.md is stale: run `make docs`"
+
+
+def test_every_signature_compiles_and_lives_in_a_log_module() -> None:
+    """explain loads only the log_* modules: every code with signatures must be found that way."""
+    import json
+    import re as _re
+    import subprocess
+    import sys
+
+    code = ("import json; from torchdoctor.registry import log_codes; "
+            "print(json.dumps([c.code for c in log_codes()]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    seen_by_explain = set(json.loads(proc.stdout))
+    with_signatures = {c.code for c in CODES if c.signatures}
+    assert with_signatures and seen_by_explain == with_signatures
+    for c in CODES:
+        for s in c.signatures:
+            _re.compile(s.pattern)
+            for ex in s.exclude:
+                _re.compile(ex)

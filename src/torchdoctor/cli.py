@@ -6,6 +6,8 @@ Exit codes (:class:`~torchdoctor.model.ExitCode`): 0 nothing at or above ``--fai
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -45,7 +47,24 @@ def exit_code_for(findings: list[Finding], fail_on: str) -> ExitCode:
     return ExitCode.FINDINGS if any(f.severity >= threshold for f in findings) else ExitCode.OK
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+#: Commands that live in their own modules (``torchdoctor/cli_<name>.py``); each registers itself on
+#: ``cli`` when imported, and is imported only when asked for, so ``explain`` does not load the lab.
+LAZY_COMMANDS = {"explain": "cli_explain", "lab": "cli_lab", "loader": "cli_loader"}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        present = {n for n, mod in LAZY_COMMANDS.items() if importlib.util.find_spec(f"{__package__}.{mod}")}
+        return sorted(set(super().list_commands(ctx)) | present)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        mod = LAZY_COMMANDS.get(cmd_name)
+        if mod and cmd_name not in self.commands and importlib.util.find_spec(f"{__package__}.{mod}"):
+            importlib.import_module(f"{__package__}.{mod}")
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "-V", "--version", prog_name="torchdoctor")
 def cli() -> None:
     """Prevent, detect and explain the failures where PyTorch training meets the OS.
@@ -53,6 +72,8 @@ def cli() -> None:
     \b
     Before a run:   torchdoctor check                 audit this machine
                     torchdoctor check --num-workers 8 --batch-bytes 96MiB --path /ckpt
+    After a crash:  torchdoctor explain LOG...        root cause across ranks, with the fix
+    See it fail:    torchdoctor lab list              failures reproduced for real, and their fixes
     Any code:       torchdoctor codes TD101           what it means and how to fix it
     Record a host:  torchdoctor facts > host.json     then: torchdoctor check --facts host.json
     """
@@ -204,6 +225,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(int(ExitCode.USAGE))
     sys.exit(int(ExitCode.OK))
 
-
-# Commands that live in their own modules register themselves on `cli` when imported.
-from . import cli_explain, cli_lab  # noqa: E402,F401

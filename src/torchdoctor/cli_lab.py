@@ -123,6 +123,10 @@ def explain_record(text: str) -> tuple[str | None, str | None, str | None]:
     report = explain(text)
     root = report.root_cause
     if root is None:
+        # A survivor's output (a peer died elsewhere) holds only the cascade: name it, and say so.
+        top = report.diagnoses[0] if report.diagnoses else None
+        if top is not None and top.role == "cascade":
+            return top.family, top.code, f"--explain: only a cascade ({top.code}); its root cause is in another process"
         return None, None, "--explain: explain named no root cause for this output"
     return root.family, root.code, None
 

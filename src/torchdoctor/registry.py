@@ -148,13 +148,21 @@ def register(code: Code) -> Code:
     return code
 
 
-def _load() -> None:
-    from . import catalogue  # noqa: F401  (importing registers every domain module)
+def _load(logs_only: bool = False) -> None:
+    from . import catalogue
+
+    catalogue.load(logs_only=logs_only)
 
 
 def all_codes() -> list[Code]:
     _load()
     return sorted(_REGISTRY.values(), key=lambda c: c.code)
+
+
+def log_codes() -> list[Code]:
+    """Codes with log signatures, loading only the ``log_*`` catalogue modules (what ``explain`` needs)."""
+    _load(logs_only=True)
+    return sorted((c for c in _REGISTRY.values() if c.signatures), key=lambda c: c.code)
 
 
 def lookup(key: str) -> Code:

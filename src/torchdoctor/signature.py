@@ -50,9 +50,7 @@ class Signature:
             raise ValueError("a signature needs at least one literal trigger")
         if not 0 < self.confidence <= 1:
             raise ValueError("confidence must be in (0, 1]")
-        re.compile(self.pattern)
-        for ex in self.exclude:
-            re.compile(ex)
+        # Patterns compile lazily (only signatures whose trigger is seen); tests compile them all.
 
     @cached_property
     def regex(self) -> re.Pattern[str]:

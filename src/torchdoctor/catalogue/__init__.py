@@ -1,7 +1,8 @@
 """Every catalogue declaration lives in one module per failure domain in this package.
 
-Importing the package imports each module once, and each module registers its codes with
-:func:`torchdoctor.registry.register`; there is no other list to keep in sync.
+Each module registers its codes with :func:`torchdoctor.registry.register` when imported; there is
+no other list to keep in sync. Modules named ``log_*`` hold the codes recognised in logs
+(``explain``), the others the preflight codes; :func:`load` imports either or both, once.
 
 Code ranges: 1xx shared memory and IPC, 2xx memory, process limits and CPU threads, 3xx GPU,
 4xx distributed, 5xx data loading, 6xx storage, 9xx torchdoctor itself.
@@ -12,5 +13,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
-    importlib.import_module(f"{__name__}.{_mod}")
+_loaded: set[str] = set()
+
+
+def load(logs_only: bool = False) -> None:
+    """Import (and so register) the catalogue modules; ``logs_only`` skips the preflight ones."""
+    for mod in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
+        if mod in _loaded or (logs_only and not mod.startswith("log_")):
+            continue
+        importlib.import_module(f"{__name__}.{mod}")
+        _loaded.add(mod)

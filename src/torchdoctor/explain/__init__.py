@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Union
 
-from ..registry import Code, all_codes
+from ..registry import Code, log_codes
 from .match import SignatureIndex
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError, rank_ranges
 from .sources import Source, lines_source, resolve, text_source
@@ -35,7 +35,7 @@ def _index(codes: Sequence[Code] | None) -> tuple[SignatureIndex, list[Code]]:
     """The literal index; built once for the whole catalogue, afresh for a custom code list."""
     if codes is not None:
         return SignatureIndex(codes), list(codes)
-    chosen = [c for c in all_codes() if c.signatures]
+    chosen = log_codes()
     if not _DEFAULT or _DEFAULT[0].codes != chosen:
         _DEFAULT[:] = [SignatureIndex(chosen)]
     return _DEFAULT[0], chosen

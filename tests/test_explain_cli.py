@@ -143,3 +143,17 @@ def test_text_on_a_terminal_is_coloured_and_laid_out_alike() -> None:
     assert "torchdoctor codes TD150" in visible and "\x1b" not in plain
     no_color = _on_a_terminal("explain", str(TD150_LOG), env={"NO_COLOR": "1"})
     assert "\x1b[1;31m" not in no_color and "torchdoctor codes TD150" in no_color
+
+
+def test_a_traceback_pasted_without_its_exception_line() -> None:
+    # the recorded TD450 lab output, cut here before its ValueError line (a paste that stops at a frame)
+    from .test_explain_support import FIXTURES, fixture_body
+
+    body = [line for line in fixture_body(FIXTURES / "logs" / "TD450" / "lab-dist-env-missing-world-size.log") if line.strip()]
+    cut = "\n".join(body[:-1]) + "\n"
+    doc = _json(run_cli("explain", "-", "--format", "json", input=cut))
+    root = doc["diagnoses"][0]
+    assert (root["code"], root["role"]) == ("TD450", "root-cause") and root["values"]["var"] in body[-1]
+    assert root["evidence"][0]["line"] == len(body) - 1 and root["evidence"][0]["text"] == body[-2]
+    proc = run_cli("explain", "-", input=cut)
+    assert proc.returncode == 0 and "cut before its exception line" in proc.stdout

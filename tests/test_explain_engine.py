@@ -21,7 +21,7 @@ from torchdoctor.explain.sources import (
     rank_from_path,
 )
 from torchdoctor.model import Severity
-from torchdoctor.registry import Code
+from torchdoctor.registry import Code, lookup
 from torchdoctor.signature import Role, Signature
 
 from .test_explain_support import (
@@ -286,6 +286,175 @@ def test_wrapped_line_is_joined_with_the_next() -> None:
     report = explain([head, "does " + tail], codes=[SAVE_MISSING])
     assert report.codes() == ["TDT01"]
     assert [r.line for r in report.diagnoses[0].evidence] == [1]
+
+
+# --------------------------------------------------------------------------- cut tracebacks (frames=True)
+# Real text: the TD450 lab fixtures (recorded here), CUT HERE before their exception line, the way a
+# paste that stops at the last frame looks; their own exception line tells which variable to expect.
+
+TD450_LABS = sorted((FIXTURES_LOGS / "TD450").glob("lab-dist-env-missing-*.log"))
+
+
+def _cut_before_exception(path: Path) -> tuple[list[str], str]:
+    """The fixture's lines without its last (exception) line, and that line."""
+    body = [line for line in fixture_body(path) if line.strip()]
+    return body[:-1], body[-1]
+
+
+def _td450_var(exception_line: str) -> str:
+    message_sig = lookup("TD450").signatures[0]
+    values = message_sig.match(exception_line)
+    assert values is not None, exception_line
+    return values["var"]
+
+
+@pytest.mark.parametrize("path", TD450_LABS, ids=lambda p: p.stem)
+def test_cut_traceback_is_read_at_its_last_source_line(path: Path) -> None:
+    cut, exception_line = _cut_before_exception(path)
+    assert cut[-1].strip() == "raise _env_error(env_var)"  # torch 2.x: the name is in the caller's line
+    report = explain(cut)
+    root = report.root_cause
+    assert root is not None and root.code == "TD450"
+    assert root.values["var"] == _td450_var(exception_line)
+    assert root.evidence[0].line == len(cut) and root.evidence[0].text == cut[-1]
+    assert any("cut before its exception line" in note for note in root.notes)
+    assert root.traceback[-1] == "raise _env_error(env_var)"
+
+
+def test_whole_traceback_matches_its_exception_line_not_its_frames() -> None:
+    body = [line for line in fixture_body(TD450_LABS[0]) if line.strip()]
+    root = explain(body).root_cause
+    assert root is not None and root.code == "TD450" and root.evidence[0].line == len(body)
+    assert not any("cut before" in note for note in root.notes)
+
+
+def test_torch_1x_cut_traceback_names_the_variable_in_its_raise() -> None:
+    # tunib-ai/large-scale-lm-tutorials (torch 1.x): `raise _env_error("MASTER_ADDR")`, see its header
+    path = FIXTURES_LOGS / "TD450" / "large-scale-lm-tutorials-cut-before-valueerror.log"
+    body = [line for line in fixture_body(path) if line.strip()]
+    root = explain(body).root_cause
+    assert root is not None and root.code == "TD450"
+    assert f'raise _env_error("{root.values["var"]}")' == body[-1].strip()
+
+
+def test_cut_traceback_ends_at_a_new_traceback_or_another_line() -> None:
+    cut, _ = _cut_before_exception(TD450_LABS[0])
+    port = [line for line in fixture_body(FIXTURES_LOGS / "TD450" / "near-env-rendezvous-port-in-use.log") if line.strip()]
+    # the cut traceback, then another run's whole traceback (a new header closes the cut one)
+    report = explain(cut + port)
+    assert report.codes()[:2] == ["TD450", "TD451"] and report.root_cause.evidence[0].line == len(cut)  # type: ignore[union-attr]
+    # the cut traceback, then a log line that is not an exception line (the NumPy warning's source line)
+    after = [line for line in port if line.startswith("  cpu = ")]
+    assert explain(cut + [after[0].strip()]).codes() == ["TD450"]
+
+
+def test_frames_signatures_try_only_the_last_source_line() -> None:
+    cut, _ = _cut_before_exception(TD450_LABS[0])
+    first_frame = next(line for line in cut if line.startswith("  File "))
+    frame_source = cut[cut.index(first_frame) + 1]
+    # the raise is no longer the last source line: another frame (real lines, repeated) follows it
+    assert explain(cut + [first_frame, frame_source]).codes() == []
+    # a traceback cut elsewhere (the port-in-use run, at `store = _create_c10d_store(`) is no TD450
+    port_cut, _ = _cut_before_exception(FIXTURES_LOGS / "TD450" / "near-env-rendezvous-port-in-use.log")
+    assert "TD450" not in explain(port_cut).codes()
+    # the raise as a line of its own, outside any traceback, is source code, not a failure
+    assert explain([cut[-1].strip()]).codes() == []
+
+
+def test_cut_traceback_on_one_rank_among_others() -> None:
+    cut, exception_line = _cut_before_exception(TD450_LABS[0])
+    log = interleave({3: cut, 1: cascade_lines(), 2: cascade_lines()})
+    report = explain(log, codes=[*CODES, lookup("TD450")])
+    root = report.root_cause
+    assert root is not None and (root.code, root.rank) == ("TD450", 3)
+    assert root.values["var"] == _td450_var(exception_line)
+
+
+# --------------------------------------------------------------------------- traceback context (context=...)
+# TD661's signature needs one of shutil.rmtree's walk operations in the traceback its line closes.
+
+TD661_LAB = FIXTURES_LOGS / "TD661" / "lab-writes-ranks-rmtree-checkpoint.log"
+
+
+def _exception_line(lines: list[str]) -> str:
+    return next(line for line in reversed(lines) if line.startswith("FileNotFoundError:"))
+
+
+def test_context_is_read_from_the_traceback_the_line_closes() -> None:
+    body = fixture_body(TD661_LAB)
+    root = explain(body).root_cause
+    assert root is not None and root.code == "TD661"
+    line = _exception_line(body)
+    assert f"'{root.values['path']}'" in line and "/" not in root.values["path"]  # a name inside the tree
+    assert any("in _rmtree_safe_fd" in frame for frame in root.traceback)
+
+
+def test_context_signature_never_matches_without_its_traceback() -> None:
+    body = fixture_body(TD661_LAB)
+    assert "TD661" not in explain([_exception_line(body)]).codes()
+    # the same exception line closing a traceback that fails outside the walk (rmtree of a missing
+    # directory, recorded here): no TD661 either
+    missing = fixture_body(FIXTURES_LOGS / "TD661" / "near-rmtree-missing-directory.log")
+    swapped = [line for line in missing if not line.startswith("FileNotFoundError:")] + [_exception_line(body)]
+    assert "TD661" not in explain(swapped).codes()
+
+
+def test_signature_context_and_frames_helpers() -> None:
+    sig = lookup("TD661").signatures[0]
+    assert sig.in_context(['File "/usr/lib/python3.10/shutil.py", line 679, in _rmtree_safe_fd',
+                           "os.unlink(entry.name, dir_fd=topfd)"])
+    assert not sig.in_context(['File "/usr/lib/python3.11/shutil.py", line 720, in rmtree',
+                               "orig_st = os.lstat(path, dir_fd=dir_fd)"])
+    assert not sig.in_context([])
+    with pytest.raises(ValueError):
+        Signature(role=Role.ROOT_CAUSE, triggers=("x",), pattern="x", context="in rmtree")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Signature(role=Role.ROOT_CAUSE, triggers=("x",), pattern="x", frames=True, context=("y",))
+    frames = next(s for s in lookup("TD450").signatures if s.frames and "get_env_or_raise" in s.pattern)
+    cut, _ = _cut_before_exception(TD450_LABS[0])
+    tail = [line.strip() for line in cut if line.strip() and not set(line.strip()) <= {"^", "~"}]
+    assert frames.match_frames(tail) is not None
+    assert frames.match_frames(tail[:-1]) is None  # the match must reach into the last line
+    assert frames.match(tail[-1]) is None  # never on a log line
+
+
+# --------------------------------------------------------------------------- wrapped lines without a prefix
+# Real text: https://github.com/huggingface/open-r1/issues/620 (tests/fixtures/explain/pastes/SOURCE.md)
+
+PASTES = FIXTURES_ROOT / "explain" / "pastes"
+WRAPPED = PASTES / "open-r1-620-wrapped-watchdog.log"
+THREE_PIECES = PASTES / "open-r1-620-wrapped-three-pieces.log"
+
+
+def test_continuation_without_prefix_joins_the_rank_line_above() -> None:
+    lines = WRAPPED.read_text(encoding="utf-8").splitlines()
+    prefixed = [(i, int(line[5:line.index("]")])) for i, line in enumerate(lines, 1) if line.startswith("[rank")]
+    assert all(not lines[i].startswith("[") for i, _ in prefixed)  # each continuation has no prefix
+    report = explain(lines)
+    d = next(d for d in report.diagnoses if d.code == "TD490")
+    assert sorted(d.ranks) == sorted(r for _, r in prefixed) and d.count == len(prefixed)
+    assert d.values["op"] == "BROADCAST"  # "OpTy" + "pe=BROADCAST": joined exactly, as the terminal cut it
+    assert d.values["ran_ms"] in lines[prefixed[0][0]]  # read from the continuation
+    assert [(e.line, e.rank) for e in d.evidence] == prefixed  # each rank's own line, not the continuation
+    assert any(f":{prefixed[0][0] + 1}," in note and "no rank prefix" in note for note in d.notes)
+
+
+def test_three_piece_wrap_joins_the_last_piece() -> None:
+    lines = THREE_PIECES.read_text(encoding="utf-8").splitlines()
+    second = next(i for i, line in enumerate(lines, 1) if line.startswith("ed with exception"))
+    d = next(d for d in explain(lines).diagnoses if d.code == "TD490")
+    assert (d.rank, d.evidence[0].line, d.values["op"]) == (1, second, "BROADCAST")
+    assert d.values["timeout_ms"] in lines[second]  # the third piece
+
+
+def test_continuation_is_joined_only_with_the_line_just_above() -> None:
+    lines = WRAPPED.read_text(encoding="utf-8").splitlines()[:2]
+    assert "TD490" not in explain(lines[:1]).codes()  # the head alone does not match
+    # another rank's prefix on the continuation: a line of that rank, not a continuation
+    assert "TD490" not in explain([lines[0], "[rank7]:" + lines[1]]).codes()
+    # a real line in between (the three-piece paste's stack line): not adjacent, not joined
+    between = next(line for line in THREE_PIECES.read_text(encoding="utf-8").splitlines() if line.startswith("frame #0"))
+    assert "TD490" not in explain([lines[0], between, lines[1]]).codes()
 
 
 # --------------------------------------------------------------------------- triage

@@ -89,6 +89,37 @@ def test_truncated_tracebacks_everywhere() -> None:
             assert doc["diagnoses"][0]["code"] == "TD150"
 
 
+TD450_LAB = FIXTURES / "logs" / "TD450" / "lab-dist-env-missing-rank.log"
+WRAPPED = FIXTURES / "explain" / "pastes" / "open-r1-620-wrapped-watchdog.log"
+
+
+def test_a_recorded_traceback_cut_at_every_line() -> None:
+    # TD450 is named from the moment the raise line is the last line (cut traceback) to the whole text,
+    # never before it: a cut higher up leaves only frames that name no variable
+    body = [line for line in fixture_body(TD450_LAB) if line.strip()]
+    raise_at = next(i for i, line in enumerate(body, 1) if line.strip().startswith("raise _env_error("))
+    for n in range(len(body) + 1):
+        doc = _check(explain(body[:n]))
+        assert ("TD450" in [d["code"] for d in doc["diagnoses"]]) == (n >= raise_at), n
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_terminal_wrap_at_any_column_is_joined_back(data: st.DataObject) -> None:
+    # each rank's real watchdog line (head + continuation, joined back here) re-wrapped at another
+    # column between the trigger and the end of WorkNCCL(...) (so that the head alone cannot match),
+    # as a narrower or wider terminal would: the same values every time
+    raw = WRAPPED.read_text(encoding="utf-8").splitlines()
+    whole = [raw[i] + raw[i + 1] for i in range(0, len(raw), 2)]
+    expected = explain(whole).diagnoses[0]
+    rewrapped: list[str] = []
+    for line in whole:
+        at = data.draw(st.integers(line.index("operation timeout") + len("operation timeout"), line.index(") ran for")))
+        rewrapped += [line[:at], line[at:]]
+    got = next(d for d in explain(rewrapped).diagnoses if d.code == expected.code)
+    assert (got.values, got.ranks, got.count) == (expected.values, expected.ranks, expected.count)
+
+
 # --------------------------------------------------------------------------- through the CLI
 
 

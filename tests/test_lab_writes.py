@@ -7,6 +7,8 @@ writes-ranks-rename-*: every rank renames a staging directory to the final check
 rename wins, the others fail (ENOENT or ENOTEMPTY, TD659); with one publisher every shard arrives.
 writes-ranks-same-checkpoint: every rank torch.saves one path; torch.load then finds storages at
 the wrong offsets (TD660); saving from rank 0 only resumes every round.
+writes-ranks-rmtree-checkpoint: every rank shutil.rmtrees the same old checkpoint; the losers find
+entries gone inside the walk (TD661, a name relative to its directory); rank 0 alone deletes it.
 No preflight exists for these on a local file system (TD610 warns about network file systems only).
 """
 
@@ -22,7 +24,13 @@ import pytest
 from torchdoctor.lab.scenarios import writes
 
 from .test_lab import (
-    LabRuns, assert_explained, assert_failure, assert_fixed, assert_recorded, scenario_names, signature_values,
+    LabRuns,
+    assert_explained,
+    assert_failure,
+    assert_fixed,
+    assert_recorded,
+    scenario_names,
+    signature_values,
 )
 
 NAMES = scenario_names("writes")
@@ -45,7 +53,7 @@ def _summary(text: str) -> dict[str, int]:
 
 def test_the_scenarios_are_here() -> None:
     assert set(NAMES) == {"writes-shared-jsonl", "writes-ranks-rename-staging", "writes-ranks-rename-own-staging",
-                          "writes-ranks-same-checkpoint"}
+                          "writes-ranks-same-checkpoint", "writes-ranks-rmtree-checkpoint"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -72,7 +80,8 @@ def test_no_temporary_directory_is_left_behind(runs: LabRuns) -> None:
     for name in NAMES:  # wait for every run, failing and fixed
         runs.get(name), runs.get(name, fixed=True)
     assert not [p for p in os.listdir(tempfile.gettempdir())
-                if p.startswith(("torchdoctor-lab-writes-", "torchdoctor-lab-publish-", "torchdoctor-lab-samepath-"))]
+                if p.startswith(("torchdoctor-lab-writes-", "torchdoctor-lab-publish-", "torchdoctor-lab-samepath-",
+                                   "torchdoctor-lab-rotate-"))]
 
 
 def test_the_writers_really_interleaved(runs: LabRuns) -> None:
@@ -138,3 +147,23 @@ def test_saving_from_one_rank_resumes_every_round(runs: LabRuns) -> None:
     assert f"resumed {writes.SAVE_ROUNDS} of {writes.SAVE_ROUNDS} times" in text
     sizes = set(re.findall(r"^round \d+: (\d+) bytes saved by 1 process", text, re.MULTILINE))
     assert len(sizes) == 1  # one writer: the same file every round
+
+
+# -- ranks deleting one old checkpoint (TD661) ----------------------------------------------------------
+
+def test_concurrent_rmtree_loses_entries_inside_the_tree(runs: LabRuns) -> None:
+    text = runs.get("writes-ranks-rmtree-checkpoint").text()
+    values = signature_values("TD661", text)
+    assert values, text[-2000:]
+    # rmtree reports the entry relative to its directory: one of the files the scenario created
+    assert re.fullmatch(r"rng_state_(\d+)\.pth", values[0]["path"])
+    assert int(values[0]["path"][10:-4]) < writes.FILES_PER_SHARD
+    assert "in _rmtree_safe_fd" in text  # failed inside the walk, not at the top directory
+
+
+def test_one_deleter_leaves_nothing_and_fails_no_rank(runs: LabRuns) -> None:
+    text = runs.get("writes-ranks-rmtree-checkpoint", fixed=True).text()
+    m = re.search(rf"checkpoint-{writes.OLD_STEP}: deleted by (?P<n>\d+) rank\(s\); left in \S+: \[(?P<left>[^]]*)\]", text)
+    assert m, text[-2000:]
+    assert m["n"] == "1" and m["left"] == ""
+    assert "FileNotFoundError" not in text

@@ -12,14 +12,32 @@ Roles (after nvidia-resiliency-ext's log analyser):
 * ``confirmation``: strengthens a diagnosis but names no cause by itself (a bare ``Killed``, exit -9);
 * ``advice``: context printed next to failures (CUDA's "might be asynchronously reported"):
   never a cause.
+
+Where a signature is tried (the engine's rules, see :mod:`torchdoctor.explain.stream`): on log lines,
+never on a traceback's frame or source lines. Two opt-ins widen or narrow that:
+
+* ``frames=True``: the signature is tried *only* where a traceback was cut before its exception line
+  (a paste that stops at a frame): on that traceback's last source line, which the pattern sees
+  after the :data:`FRAME_TAIL` - 1 kept frame lines above it, one per line (``\n``-separated,
+  stripped); a match must reach into the last line. For code that only one library raises from
+  (``raise _env_error("MASTER_ADDR")`` in torch's env:// rendezvous);
+* ``context=(...)``: literals, at least one of which must occur in the traceback that the matched
+  exception line closes (its kept frame and source lines, stripped, joined by ``\n``: a literal
+  may span a frame line and its source line, ``"in _rmtree_safe_fd\nos.unlink("``). A line that
+  closes no traceback never matches such a signature.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+
+FRAME_TAIL = 4
+"""Traceback lines a ``frames=True`` pattern sees: the last source line and the three lines above it
+(the frame line it belongs to, and the calling frame's two lines)."""
 
 
 class Role(str, enum.Enum):
@@ -44,12 +62,20 @@ class Signature:
     """How sure a match makes us that this code is the failure (0..1)."""
     values: dict[str, str] = field(default_factory=dict)
     """Constant values added to the extracted ones (e.g. ``{"strategy": "file_system"}``)."""
+    frames: bool = False
+    """Tried only on the last source line of a traceback cut before its exception line (module doc)."""
+    context: tuple[str, ...] = ()
+    """Literals; one of them must occur in the traceback the matched line closes (module doc)."""
 
     def __post_init__(self) -> None:
         if not self.triggers:
             raise ValueError("a signature needs at least one literal trigger")
         if not 0 < self.confidence <= 1:
             raise ValueError("confidence must be in (0, 1]")
+        if isinstance(self.context, str) or not all(isinstance(c, str) and c for c in self.context):
+            raise ValueError("context must be a tuple of non-empty literals")
+        if self.frames and self.context:
+            raise ValueError("a frames signature matches inside the traceback: it takes no context")
         # Patterns compile lazily (only signatures whose trigger is seen); tests compile them all.
 
     @cached_property
@@ -61,9 +87,40 @@ class Signature:
         return tuple(re.compile(e) for e in self.exclude)
 
     def match(self, line: str) -> dict[str, str] | None:
-        """Extracted values when ``line`` matches (triggers are the caller's prefilter), else None."""
+        """Extracted values when the log line ``line`` matches (triggers are the caller's prefilter), else
+        None. A ``frames`` signature never matches a log line (see :meth:`match_frames`); a ``context``
+        signature's traceback is the caller's to check (:meth:`in_context`)."""
+        if self.frames:
+            return None
         m = self.regex.search(line)
         if m is None or any(ex.search(line) for ex in self.exclusions):
             return None
+        return self._values(m)
+
+    def match_frames(self, tail: Sequence[str]) -> dict[str, str] | None:
+        """Values when the pattern matches the last lines of a cut traceback (``tail``, oldest first,
+        the last source line last) and the match reaches into that last line; else None."""
+        lines = [line.strip() for line in tail[-FRAME_TAIL:]]
+        if not lines:
+            return None
+        text = "\n".join(lines)
+        last_start = len(text) - len(lines[-1])
+        if any(ex.search(text) for ex in self.exclusions):
+            return None
+        for m in self.regex.finditer(text):
+            if m.end() > last_start:
+                return self._values(m)
+        return None
+
+    def in_context(self, traceback: Sequence[str]) -> bool:
+        """True when the signature needs no context, or one of its literals is in ``traceback``."""
+        if not self.context:
+            return True
+        if not traceback:
+            return False
+        text = "\n".join(line.strip() for line in traceback)
+        return any(c in text for c in self.context)
+
+    def _values(self, m: re.Match[str]) -> dict[str, str]:
         found = {k: v for k, v in m.groupdict().items() if v is not None}
         return {**self.values, **found}

@@ -42,6 +42,24 @@ TD450 = register(Code(
             pattern=r"environment variable (?P<var>[A-Z_]+) expected, but not set",
             confidence=0.95,
         ),
+        # A traceback pasted without its ValueError line: only torch's env:// handler raises _env_error.
+        Signature(  # torch 1.x: `raise _env_error("MASTER_ADDR")` in _env_rendezvous_handler
+            role=Role.ROOT_CAUSE,
+            triggers=("_env_error(",),
+            pattern=r"(?m)^raise _env_error\(\"(?P<var>[A-Z_]+)\"\)$",
+            frames=True,
+            confidence=0.9,
+        ),
+        Signature(  # later: `raise _env_error(env_var)` in _get_env_or_raise, the name in the caller's line
+            role=Role.ROOT_CAUSE,
+            triggers=("_env_error(",),
+            pattern=r"(?:_get_env_or_raise\(\"(?P<var>[A-Z_]+)\"\)[^\n]*\n[^\n]*, in _get_env_or_raise\n)?"
+                    r"raise _env_error\(env_var\)$",
+            frames=True,
+            values={"var": "RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT (its name was in the part of the "
+                           "traceback that is missing)"},
+            confidence=0.9,
+        ),
     ),
 ))
 

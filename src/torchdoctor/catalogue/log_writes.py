@@ -1,7 +1,7 @@
-"""TD657, TD659, TD660: several processes writing one file or directory, as it shows up in logs.
+"""TD657, TD659, TD660, TD661: several processes writing one file or directory, as it shows up in logs.
 
 Concurrent writers leave no error of their own; these codes recognise what the *readers* of the
-damaged file, or the losers of a rename race, print.
+damaged file, or the losers of a rename or delete race, print.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ TD659 = register(Code(
         "(each node's local rank 0 saves), framework versions that published checkpoints from every process.",
     false_positives="A rename whose source was never created fails the same way in a single process; only renames "
                     "from temporary-looking names (tmp, temp, staging) are matched.",
-    related=("TD610", "TD657", "TD660"),
+    related=("TD610", "TD657", "TD660", "TD661"),
     signatures=(
         Signature(
             role=Role.ROOT_CAUSE,
@@ -128,6 +128,68 @@ TD660 = register(Code(
             triggers=("storage has wrong",),
             pattern=r"storage has wrong (?:byte )?size: expected (?P<expected>-?\d+|%ld) got (?P<got>\d+|%ld)",
             confidence=0.7,
+        ),
+    ),
+))
+
+
+_RMTREE_WALK = (
+    # shutil.rmtree's own operations on entries *inside* the tree (3.8-3.13, fd-based walk), each as
+    # the frame line's end and the source line under it: a FileNotFoundError there means an entry
+    # that rmtree had just listed was gone (another process deleted it first)
+    "in _rmtree_safe_fd\nos.unlink(",
+    "in _rmtree_safe_fd\nos.rmdir(",
+    "in _rmtree_safe_fd\norig_st = entry.stat(",
+    "in _rmtree_safe_fd\ndirfd = os.open(",
+    "in _rmtree_safe_fd\ntopfd = os.open(",
+    "in _rmtree_safe_fd\nwith os.scandir(",
+    # the top directory, after rmtree saw it (<= 3.12): open after lstat, rmdir after the walk
+    "in rmtree\nfd = os.open(",
+    "in rmtree\nos.rmdir(",
+    # platforms without dir_fd support
+    "in _rmtree_unsafe\nos.unlink(",
+    "in _rmtree_unsafe\nos.rmdir(",
+)
+"""Where rmtree fails when it loses a race. Deliberately absent: ``os.lstat(path`` on the top directory
+(in ``rmtree``, or in 3.13's ``_rmtree_safe_fd``), which is how a directory that never existed fails."""
+
+TD661 = register(Code(
+    code="TD661",
+    name="rmtree-race",
+    family="concurrent-write",
+    severity=Severity.ERROR,
+    area="storage",
+    title="shutil.rmtree lost a race: another process deleted the same tree first",
+    message="shutil.rmtree stopped because '{path}' vanished while it was walking the tree: another process "
+            "deleted it first, typically every rank removing the same old checkpoint (checkpoint rotation, "
+            "save_total_limit, cleaning an output directory). rmtree names entries inside the tree relative to "
+            "their directory, so '{path}' may be a bare file name.",
+    fix="Delete from one process and let the others wait: `if dist.get_rank() == 0: shutil.rmtree(path)` then "
+        "`dist.barrier()` (`trainer.is_world_process_zero()` with Hugging Face Trainer, `trainer.is_global_zero` "
+        "with Lightning, `accelerator.is_main_process` with Accelerate); on several nodes sharing the directory, "
+        "the global rank 0 only. Where any process may clean up, tolerate the others: "
+        "`shutil.rmtree(path, ignore_errors=True)` (Python 3.13's rmtree already ignores entries that vanish "
+        "inside the tree, not the top directory).",
+    meaning="rmtree lists a directory, then unlinks each entry and recurses into subdirectories. When several "
+            "processes run it on the same tree at once, each lists entries that another one removes before it gets "
+            "to them; the losers get ENOENT from unlink, rmdir, open or stat inside the walk, and the one that "
+            "finishes last finds the top directory already gone.",
+    why="Checkpoint rotation or cleanup code that is not guarded by a rank check (every rank deletes "
+        "checkpoint-N), several nodes sharing an output directory, two jobs cleaning one cache or temp directory.",
+    false_positives="On NFS, a `.nfsXXXX` placeholder of a file that another process still holds open disappears "
+                    "when that process closes it, with the same error inside the walk: the fix (one deleter, or "
+                    "ignore_errors) is the same. rmtree of a directory that does not exist fails at its first "
+                    "lstat and is not matched; neither is a FileNotFoundError outside rmtree. Hugging Face "
+                    "Trainer's staging directory (tmp-checkpoint-N) is TD659.",
+    related=("TD659", "TD657", "TD660"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("No such file or directory",),
+            pattern=r"FileNotFoundError: \[Errno 2\] No such file or directory: '(?P<path>[^']+)'",
+            exclude=(r"' -> '", r"tmp-checkpoint-\d+"),
+            context=_RMTREE_WALK,
+            confidence=0.8,
         ),
     ),
 ))

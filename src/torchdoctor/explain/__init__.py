@@ -8,7 +8,8 @@
 Pipeline: :mod:`.sources` (files, directories, gzip, stdin; whole-line blocks in constant memory)
 → :mod:`.match` (one literal scan per block, then only the signatures whose trigger was found)
 → :mod:`.stream` (normalisation, pastes split back into lines, per-rank traceback stitching,
-bounded collection; :mod:`.relevance` ranks the error lines no signature explains)
+cut tracebacks, traceback context, wrapped lines joined; bounded collection in :mod:`.collect`;
+:mod:`.relevance` ranks the error lines no signature explains)
 → :mod:`.triage` (earliest root cause, cascades attached, confidences) → :mod:`.render`
 (:mod:`.textout` lays out the text report).
 """
@@ -20,10 +21,11 @@ from collections.abc import Iterable, Sequence
 from typing import Union
 
 from ..registry import Code, log_codes
+from .collect import Collector
 from .match import SignatureIndex
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError, rank_ranges
 from .sources import Source, lines_source, resolve, text_source
-from .stream import Collector, read_all
+from .stream import read_all
 from .triage import triage
 
 Input = Union[str, bytes, bytearray, "os.PathLike[str]", Iterable[str], Iterable[bytes]]

@@ -77,16 +77,21 @@ class SignatureIndex:
         self.generic: frozenset[int] = frozenset(i for i, lit in enumerate(self.literals) if lit in GENERIC or lit == TRACEBACK)
         self.cheap: frozenset[int] = frozenset(i for i in self.generic if not literals[self.literals[i]] and not self.window[i])
         """Generic literals that only feed the unmatched-error list (repeated shapes are skipped)."""
-        self.has_signature: list[bool] = [bool(c) for c in self.candidates]
+        self.has_signature: list[bool] = [any(not c.signature.frames for c in cs) for cs in self.candidates]
+        """Literals that trigger a signature tried on log lines."""
+        self.has_frames: list[bool] = [any(c.signature.frames for c in cs) for cs in self.candidates]
+        """Literals that trigger a ``frames=True`` signature (tried on a cut traceback's last source line)."""
         self._fast: Scanner | None = None
         self._slow: Scanner | None = None
 
-    def signatures_for(self, ids: Iterable[int]) -> list[Candidate]:
+    def signatures_for(self, ids: Iterable[int], frames: bool = False) -> list[Candidate]:
+        """The signatures these literals trigger: those tried on log lines, or (``frames``) the
+        ``frames=True`` ones."""
         seen: set[int] = set()
         out: list[Candidate] = []
         for i in sorted(ids):
             for cand in self.candidates[i]:
-                if id(cand.signature) not in seen:
+                if cand.signature.frames == frames and id(cand.signature) not in seen:
                     seen.add(id(cand.signature))
                     out.append(cand)
         return out
@@ -184,4 +189,14 @@ def match_line(index: SignatureIndex, ids: Iterable[int], texts: Sequence[str]) 
             if values is not None:
                 found.append((cand, values))
                 break
+    return found
+
+
+def match_frames(index: SignatureIndex, ids: Iterable[int], tail: Sequence[str]) -> list[tuple[Candidate, dict[str, str]]]:
+    """``frames=True`` signatures matching the end of a cut traceback (``tail``: its last kept lines)."""
+    found: list[tuple[Candidate, dict[str, str]]] = []
+    for cand in index.signatures_for(ids, frames=True):
+        values = cand.signature.match_frames(tail)
+        if values is not None:
+            found.append((cand, values))
     return found

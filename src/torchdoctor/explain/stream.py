@@ -13,6 +13,19 @@ error); the exception line that closes it is, and carries the traceback. Traceba
 DataLoader's "Original Traceback" share a chain id, so a match explains the unmatched error lines
 of its whole chain (and those a few lines around it on its rank): what stays unexplained is what
 the report shows next to a named root cause.
+
+Three refinements, each opted into or bounded:
+
+* a traceback cut before its exception line (a paste that stops at a frame) is closed by a line that
+  is not an exception line, by a new ``Traceback`` header, or by the end of the input; its last
+  source line is then tried against the ``frames=True`` signatures only (``raise _env_error("RANK")``);
+* a signature with ``context=(...)`` matches only an exception line whose traceback holds one of
+  those literals (a ``FileNotFoundError`` raised inside ``shutil.rmtree``'s walk);
+* a wrapped line is joined with its continuation on the same rank (up to 3 lines later); a
+  continuation without any prefix (a terminal wrapped ``[rank2]: ... WorkNCCL(SeqNum=4, OpTy`` before
+  ``pe=BROADCAST, ...``) is joined with the line just before it on the rank that printed it, when
+  that line held a trigger but did not match, does not end a sentence, and the join matches. The
+  diagnosis keeps that rank and line; a note names the continuation's line.
 """
 
 from __future__ import annotations
@@ -21,11 +34,11 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from .match import FAST_AFTER, TRACEBACK, SignatureIndex, match_line
+from .collect import MAX_RANKS, Collector, Event, Matches
+from .match import FAST_AFTER, TRACEBACK, SignatureIndex, match_frames, match_line
 from .model import LineRef
-from .normalize import NormLine, RankFailure, SummaryTracker, Time, normalize, unflatten
+from .normalize import NormLine, SummaryTracker, Time, normalize, unflatten
 from .relevance import (
-    UnmatchedStore,
     is_chain_marker,
     looks_like_exception_line,
     relevance,
@@ -36,10 +49,6 @@ TB_KEEP_HEAD = 2
 TB_KEEP_TAIL = 14
 TB_MAX_LINES = 2000
 """A traceback longer than this is treated as truncated (its exception line never came)."""
-MAX_EVIDENCE = 6
-MAX_RANKS = 20_000
-"""Ranks with a per-rank record; further ranks are only counted."""
-TIMELINE = 8
 PREFETCH_OVER = 16 * 1024 * 1024
 TIE_BEFORE = 3
 """Unmatched error lines up to this many lines before a matched signature (same rank) belong to it."""
@@ -50,95 +59,6 @@ RECENT = 8
 _CARETS_RE = re.compile(r"[\^~ ]+")
 _BOX = ("│", "╭", "╰", "┃")
 """rich's boxed tracebacks (accelerate, typer): every frame line starts with one of these."""
-
-
-@dataclass(repr=False, eq=False)
-class Event:
-    code: str
-    role: str
-    confidence: float
-    values: dict[str, str]
-    ref: LineRef
-    time: Time | None
-    seq: tuple[int, int]
-    traceback: tuple[str, ...] = ()
-
-
-@dataclass(repr=False, eq=False)
-class Group:
-    """Every event of one (code, role), bounded: counts, ranks, the first few as evidence."""
-
-    code: str
-    role: str
-    confidence: float
-    first: Event
-    count: int = 0
-    evidence: list[Event] = field(default_factory=list)
-    ranks: set[int] = field(default_factory=set)
-    earliest_time: Event | None = None
-
-    def add(self, ev: Event) -> None:
-        self.count += 1
-        self.confidence = max(self.confidence, ev.confidence)
-        new_rank = ev.ref.rank is not None and ev.ref.rank not in self.ranks
-        if ev.ref.rank is not None and len(self.ranks) < 1_000_000:
-            self.ranks.add(ev.ref.rank)
-        if len(self.evidence) < MAX_EVIDENCE and (new_rank or len(self.evidence) < 2):
-            self.evidence.append(ev)
-        if ev.time is not None and (self.earliest_time is None or _before(ev.time, self.earliest_time.time)):
-            self.earliest_time = ev
-        if ev.seq < self.first.seq:
-            self.first = ev
-
-
-def _before(a: Time, b: Time | None) -> bool:
-    return b is None or (a[0] == b[0] and a[1] < b[1])
-
-
-@dataclass(repr=False, eq=False)
-class RankRecord:
-    host: str | None = None
-    first: Event | None = None
-    codes: dict[str, int] = field(default_factory=dict)
-    timeline: list[Event] = field(default_factory=list)
-    """The first :data:`TIMELINE` events of this rank, in reading order."""
-
-
-@dataclass(repr=False, eq=False)
-class Collector:
-    groups: dict[tuple[str, str], Group] = field(default_factory=dict)
-    ranks: dict[int, RankRecord] = field(default_factory=dict)
-    ranks_dropped: int = 0
-    failures: list[RankFailure] = field(default_factory=list)
-    unmatched: UnmatchedStore = field(default_factory=UnmatchedStore)
-    lines: int = 0
-    bytes: int = 0
-    notes: list[str] = field(default_factory=list)
-    scanner: str = "python"
-    skipped_repeats: int = 0
-    """Error lines not read because two lines of the same shape already were."""
-
-    def add(self, ev: Event) -> None:
-        key = (ev.code, ev.role)
-        group = self.groups.get(key)
-        if group is None:
-            group = self.groups[key] = Group(ev.code, ev.role, ev.confidence, ev)
-        group.add(ev)
-        rank = ev.ref.rank
-        if rank is None:
-            return
-        rec = self.ranks.get(rank)
-        if rec is None:
-            if len(self.ranks) >= MAX_RANKS:
-                self.ranks_dropped += 1
-                return
-            rec = self.ranks[rank] = RankRecord()
-        rec.host = rec.host or ev.ref.host
-        rec.codes[ev.code] = rec.codes.get(ev.code, 0) + 1
-        if len(rec.timeline) < TIMELINE:
-            rec.timeline.append(ev)
-        if rec.first is None or ev.seq < rec.first.seq:
-            rec.first = ev
 
 
 @dataclass(repr=False, eq=False)
@@ -159,6 +79,9 @@ class StreamState:
     """(line, chain) of the last matched signature that explains its neighbours (not advice)."""
     recent: deque[tuple[int, str, int | None]] = field(default_factory=lambda: deque(maxlen=RECENT))
     """(line, key, chain) of the last unmatched error lines not yet explained by a match."""
+    cut: tuple[NormLine, int, tuple[int, ...], tuple[str, ...]] | None = None
+    """The open traceback's last source line when it holds a ``frames=True`` trigger: (line, number,
+    literal ids, the traceback so far), tried if the traceback turns out to be cut there."""
 
 
 class LineProcessor:
@@ -170,6 +93,8 @@ class LineProcessor:
         self.streams: dict[int | None, StreamState] = {}
         self.shapes: dict[bytes, int] = {}
         self.chains = 0
+        self.prev: tuple[int | None, int] | None = None
+        """(stream, line number) of the last line read: where a continuation without prefix belongs."""
 
     # -- walking a block: which lines get decoded ------------------------------------------
 
@@ -245,43 +170,45 @@ class LineProcessor:
         src = self.source
         norm = normalize(raw, src.rank, src.host)
         self.summary.feed(norm, src.name, lineno)
+        prev_key, self.prev = self.prev, (norm.rank, lineno)
         st = self.streams.get(norm.rank)
         if st is None:
             if len(self.streams) > MAX_RANKS:
                 self.streams.clear()
             st = self.streams[norm.rank] = StreamState()
-        if norm.time is not None:
+        own_time = norm.time is not None
+        if own_time:
             st.last_time = norm.time
         else:
             norm.time = st.last_time
         if is_chain_marker(norm.text):
             st.chain_marker_at = lineno
+        if st.cut is not None and TRACEBACK in norm.text:
+            self._try_cut(st)  # a new traceback began: the open one was cut
         closed = self._stitch(st, norm.text, lineno)
+        self._track_cut(st, norm, lineno, ids, closed)
         seq = (self.index, lineno)
         ref = LineRef(src.name, lineno, norm.clean, norm.rank, norm.host)
         in_frames = st.tb is not None and closed is None and len(st.tb) > 1 and TRACEBACK not in norm.text
         sig_ids = [] if in_frames else [i for i in ids if self.sig.has_signature[i]]
+        tb = closed if closed is not None else (st.closed_tb if lineno - st.closed_at <= 2 else ())
         texts = [norm.text] if norm.clean == norm.text else [norm.text, norm.clean]
-        matches = match_line(self.sig, sig_ids, texts) if sig_ids else []
+        matches = _in_context(match_line(self.sig, sig_ids, texts), tb) if sig_ids else []
         refs = [ref]
         if not matches and st.pending is not None and 0 < lineno - st.pending[1] <= 3:
             prev, prev_line = st.pending
-            joined = prev.text.rstrip() + " " + norm.text.strip()
-            join_ids = [i for i in self.sig.ids_in(joined) if self.sig.has_signature[i]]
-            matches = match_line(self.sig, join_ids, [joined])
+            matches = _in_context(self._joined([prev.text.rstrip() + " " + norm.text.strip()]), tb)
             if matches:
                 refs = [LineRef(src.name, prev_line, prev.clean, prev.rank, prev.host), ref]
         st.pending = (norm, lineno) if sig_ids and not matches else None
+        if (not matches and not own_time and norm.rank is None and prev_key is not None
+                and self._join_other_stream(prev_key, norm, lineno)):
+            return
         chain = st.chain if closed is not None or (st.tb is None and 0 <= lineno - st.closed_at <= 2) else None
         if matches:
-            tb = closed if closed is not None else (st.closed_tb if lineno - st.closed_at <= 2 else ())
-            for cand, values in matches:
-                for r in refs:
-                    self._rank_host(r)
-                self.col.add(Event(
-                    cand.code.code, cand.signature.role.value, cand.signature.confidence, values, refs[0],
-                    norm.time, seq, tb,
-                ))
+            for r in refs:
+                self._rank_host(r)
+            self._add(matches, refs[0], norm.time, seq, tb)
             if any(cand.signature.role.value != "advice" for cand, _ in matches):
                 self._explains_neighbours(st, lineno, chain)
             return
@@ -297,6 +224,90 @@ class LineProcessor:
             key = self.col.unmatched.add(ref, norm.text, score, wrapper, closed or (), seq, tied)
             if key is not None and not tied:
                 st.recent.append((lineno, key, chain))
+
+    def _add(self, matches: Matches, ref: LineRef, time: Time | None, seq: tuple[int, int], tb: tuple[str, ...],
+             how: str = "", joined: LineRef | None = None) -> None:
+        for cand, values in matches:
+            sig = cand.signature
+            self.col.add(Event(cand.code.code, sig.role.value, sig.confidence, values, ref, time, seq, tb, how, joined))
+
+    def _joined(self, texts: list[str]) -> Matches:
+        """Signatures matching a wrapped line joined with its continuation (the first form that matches)."""
+        for text in texts:
+            ids = [i for i in self.sig.ids_in(text) if self.sig.has_signature[i]]
+            found = match_line(self.sig, ids, [text]) if ids else []
+            if found:
+                return found
+        return []
+
+    # -- a continuation without prefix, wrapped off a rank's line ------------------------------
+
+    def _join_other_stream(self, prev_key: tuple[int | None, int], norm: NormLine, lineno: int) -> bool:
+        """Join ``norm`` (no prefix, no time of its own) with the line just before it when that line
+        is another stream's pending, cut-looking line and the join matches; True when it did."""
+        key, prev_line = prev_key
+        pst = self.streams.get(key) if key is not None and prev_line == lineno - 1 else None
+        if pst is None or pst.pending is None or pst.pending[1] != prev_line:
+            return False
+        prev = pst.pending[0]
+        if not _looks_cut(prev.text, norm.text):
+            return False
+        tb = pst.closed_tb if 0 <= prev_line - pst.closed_at <= 2 else ()
+        # a terminal wraps at a column: the exact concatenation first, then as words
+        matches = _in_context(self._joined([prev.text + norm.text, prev.text.rstrip() + " " + norm.text.strip()]), tb)
+        if not matches:
+            return False
+        src = self.source
+        first = LineRef(src.name, prev_line, prev.clean, prev.rank, prev.host)
+        self._rank_host(first)
+        cont = LineRef(src.name, lineno, norm.clean, prev.rank, prev.host)
+        self._add(matches, first, prev.time, (self.index, prev_line), tb, joined=cont)
+        pst.pending = None
+        self.prev = (key, lineno)  # the continuation belongs to that rank's stream
+        if any(cand.signature.role.value != "advice" for cand, _ in matches):
+            chain = pst.chain if tb else None
+            self._explains_neighbours(pst, lineno, chain)
+        return True
+
+    # -- tracebacks cut before their exception line ------------------------------------------
+
+    def _track_cut(self, st: StreamState, norm: NormLine, lineno: int, ids: set[int],
+                   closed: tuple[str, ...] | None) -> None:
+        """Remember the open traceback's last source line when it holds a ``frames`` trigger; try it
+        when the traceback ends without an exception line."""
+        if closed is not None:
+            if st.cut is not None:
+                if looks_like_exception_line(norm.text):
+                    st.cut = None  # closed as usual: its exception line is matched instead
+                else:
+                    self._try_cut(st)
+            return
+        if st.tb is None:
+            st.cut = None  # no traceback open (or one given up as too long)
+            return
+        stripped = norm.text.strip()
+        if not stripped or _CARETS_RE.fullmatch(stripped) or TRACEBACK in stripped:
+            return
+        st.cut = None
+        tb = st.tb
+        if len(tb) >= 2 and tb[-1] == stripped and tb[-2].startswith("File \""):
+            fids = tuple(i for i in ids if self.sig.has_frames[i])
+            if fids:
+                st.cut = (norm, lineno, fids, tuple(tb))
+
+    def _try_cut(self, st: StreamState) -> None:
+        """The traceback ended at its last source line: try the ``frames`` signatures there."""
+        assert st.cut is not None
+        norm, lineno, fids, tb = st.cut
+        st.cut = None
+        matches = match_frames(self.sig, fids, tb)
+        if not matches:
+            return
+        ref = LineRef(self.source.name, lineno, norm.clean, norm.rank, norm.host)
+        self._rank_host(ref)
+        self._add(matches, ref, norm.time, (self.index, lineno), tb, how="cut-traceback")
+        if any(cand.signature.role.value != "advice" for cand, _ in matches):
+            self._explains_neighbours(st, lineno, st.chain)
 
     def _explains_neighbours(self, st: StreamState, lineno: int, chain: int | None) -> None:
         """A match explains the unmatched error lines of its traceback chain and those just before it."""
@@ -354,7 +365,24 @@ class LineProcessor:
         return tb
 
     def finish(self) -> None:
+        for st in self.streams.values():
+            if st.cut is not None:
+                self._try_cut(st)
         self.col.failures += self.summary.finish()
+
+
+def _in_context(matches: Matches, tb: tuple[str, ...]) -> Matches:
+    """Drop the matches whose signature needs a traceback context that ``tb`` does not hold."""
+    return [(c, v) for c, v in matches if not c.signature.context or c.signature.in_context(tb)]
+
+
+def _looks_cut(head: str, cont: str) -> bool:
+    """``head`` may continue on the next line: it does not end a sentence, and ``cont`` does not
+    start a record of its own (a traceback, a frame, an exception line)."""
+    h, c = head.rstrip(), cont.strip()
+    if not h or not c or h[-1] in ".!?":
+        return False
+    return not (c.startswith(("File \"", TRACEBACK)) or looks_like_exception_line(c))
 
 
 def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None:

@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..registry import Code, Hit
+from .collect import Collector, Event, Group
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 from .normalize import RankFailure, signal_name
-from .stream import Collector, Event, Group
 
 WEAK = 0.5
 ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3}
@@ -64,11 +64,18 @@ def _diagnosis(g: Group, code: Code, first: Event) -> Diagnosis:
         values.setdefault("host", first.ref.host)
     finding = code.finding(Hit(values))
     evidence = [first.ref] + [e.ref for e in g.evidence if e.ref != first.ref]
+    notes: list[str] = []
+    if first.how == "cut-traceback":
+        notes.append("read from the last source line of a traceback cut before its exception line "
+                     f"({first.ref.location})")
+    if first.joined is not None:
+        notes.append(f"a wrapped line: joined with its continuation at {first.joined.location}, "
+                     "which has no rank prefix of its own")
     return Diagnosis(
         code=code.code, name=code.name, family=code.family, role=g.role, confidence=g.confidence,
         rank=first.ref.rank, host=first.ref.host, title=code.title, message=finding.message, fix=finding.fix,
         evidence=evidence[:6], ranks=sorted(g.ranks), count=g.count, values=dict(first.values),
-        traceback=list(first.traceback), time=first.time[1] if first.time else None,
+        traceback=list(first.traceback), time=first.time[1] if first.time else None, notes=notes,
     )
 
 

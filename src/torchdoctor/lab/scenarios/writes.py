@@ -19,6 +19,11 @@ lets one process publish.
 storages are read back at offsets recorded in the file), then the job resumes from it. The fix
 saves from rank 0 only. The race is real, so the failing variant repeats save-and-load rounds
 until torch.load fails; it prints every round.
+
+``writes-ranks-rmtree-checkpoint``: every rank rotates checkpoints the way an unguarded
+``save_total_limit`` does: ``shutil.rmtree`` of the same old checkpoint directory, started together.
+The losers find entries gone that rmtree had just listed (FileNotFoundError inside the walk). The
+fix deletes from rank 0 only, the others wait at a barrier.
 """
 
 from __future__ import annotations
@@ -262,3 +267,59 @@ def writes_ranks_same_checkpoint(fixed: bool) -> None:
             raise SystemExit(1)
     finally:
         shutil.rmtree(where)
+
+
+# -- ranks deleting one old checkpoint directory ----------------------------------------------------
+
+#: The old checkpoint every rank deletes: SHARDS directories of FILES_PER_SHARD empty files, enough
+#: entries that the ranks' walks overlap.
+SHARDS = 8
+FILES_PER_SHARD = 400
+OLD_STEP = 500
+
+
+def _old_checkpoint(root: str) -> str:
+    old = os.path.join(root, f"checkpoint-{OLD_STEP}")
+    for shard in range(SHARDS):
+        sub = os.path.join(old, f"shard-{shard:02d}")
+        os.makedirs(sub)
+        for i in range(FILES_PER_SHARD):
+            open(os.path.join(sub, f"rng_state_{i}.pth"), "wb").close()
+    return old
+
+
+def _rotate(rank: int, old: str, barrier: Any, fixed: bool) -> None:
+    """One rank's checkpoint rotation after saving a newer one: delete the oldest checkpoint."""
+    barrier.wait()  # the ranks reach the rotation together, as after a collective save
+    if not fixed or rank == 0:
+        shutil.rmtree(old)
+    if fixed:
+        barrier.wait()  # the others wait for rank 0's delete
+    assert not os.path.exists(old)
+
+
+@scenario(
+    name="writes-ranks-rmtree-checkpoint",
+    family="concurrent-write",
+    code="TD661",
+    summary=f"{RANKS} ranks shutil.rmtree the same old checkpoint directory ({SHARDS * FILES_PER_SHARD} files) at "
+            "once: the losers fail with FileNotFoundError on entries another rank deleted first",
+    fix="rank 0 deletes, the other ranks wait at a barrier",
+    seconds=2.0,
+    timeout=60.0,
+    memory_mb=1536,
+)
+def writes_ranks_rmtree_checkpoint(fixed: bool) -> None:
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    root = tempfile.mkdtemp(prefix="torchdoctor-lab-rotate-")
+    try:
+        old = _old_checkpoint(root)
+        barrier = multiprocessing.get_context("fork").Barrier(RANKS, timeout=30)
+        mp.start_processes(_rotate, args=(old, barrier, fixed), nprocs=RANKS, start_method="fork")
+        print(f"{old}: deleted by {1 if fixed else RANKS} rank(s); left in {root}: {sorted(os.listdir(root))}",
+              flush=True)
+    finally:
+        shutil.rmtree(root)

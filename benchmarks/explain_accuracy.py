@@ -196,14 +196,20 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def render_text(results: list[Result], summary: dict[str, Any]) -> str:
+def render_text(results: list[Result], summary: dict[str, Any], details: bool = True) -> str:
+    """Per-report table and misses (``details``), per-family table and totals.
+
+    Signature authors must not tune to the held-out reports: they run with ``--summary``, which
+    prints only the per-family table and the totals.
+    """
     out: list[str] = []
-    out.append(f"{'report':<44} {'expected':<24} {'top diagnosis':<34} {'family':<5} fix")
-    for r in results:
-        top = f"{r.top_code} {r.top_family}" if r.top_code else "no diagnosis"
-        out.append(f"{_clip(r.id, 44):<44} {r.expected:<24} {_clip(top, 34):<34} "
-                   f"{'hit' if r.hit else 'MISS':<5} {'yes' if r.fix_named else '-'}")
-    out.append("")
+    if details:
+        out.append(f"{'report':<44} {'expected':<24} {'top diagnosis':<34} {'family':<5} fix")
+        for r in results:
+            top = f"{r.top_code} {r.top_family}" if r.top_code else "no diagnosis"
+            out.append(f"{_clip(r.id, 44):<44} {r.expected:<24} {_clip(top, 34):<34} "
+                       f"{'hit' if r.hit else 'MISS':<5} {'yes' if r.fix_named else '-'}")
+        out.append("")
     out.append(f"{'family':<24} {'n':>3} {'first':>7} {'fix':>7}")
     for fam, v in summary["per_family"].items():
         out.append(f"{fam:<24} {v['n']:>3} {v['right_family_first']:>7.0%} {v['fix_named']:>7.0%}")
@@ -212,7 +218,7 @@ def render_text(results: list[Result], summary: dict[str, Any]) -> str:
     out.append(f"right family first: {summary['right_family_first']:.1%} (target {summary['target']:.0%})")
     out.append(f"fix named:          {summary['fix_named']:.1%}")
     out.append(f"family anywhere:    {summary['family_anywhere']:.1%}   no diagnosis at all: {summary['no_diagnosis']}")
-    misses = [r for r in results if not r.hit]
+    misses = [r for r in results if not r.hit] if details else []
     if misses:
         out.append("")
         out.append(f"misses ({len(misses)}):")
@@ -233,13 +239,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     ap.add_argument("--reports", type=Path, default=REPORTS, help="corpus root (default: tests/eval/reports)")
     ap.add_argument("--family", help="only the reports of this family")
+    ap.add_argument("--summary", action="store_true",
+                    help="only the per-family table and totals (what signature authors may look at)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
     results, summary = run(args.reports, args.family)
     if args.json:
-        print(json.dumps({"summary": summary, "results": [asdict(r) for r in results]}, indent=2))
+        doc: dict[str, Any] = {"summary": summary}
+        if not args.summary:
+            doc["results"] = [asdict(r) for r in results]
+        print(json.dumps(doc, indent=2))
     else:
-        print(render_text(results, summary))
+        print(render_text(results, summary, details=not args.summary))
     return 0
 
 

@@ -37,6 +37,9 @@ _EXPORTS: dict[str, str] = {
     "gather": "facts",
     "lookup": "registry",
     "run_checks": "checks",
+    "probe_loader": "probes",
+    "ProbeOptions": "probes",
+    "LoaderReport": "probes",
 }
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from .families import FAMILIES
     from .model import Evidence, ExitCode, Finding, Severity
     from .options import CheckOptions
+    from .probes import LoaderReport, ProbeOptions, probe_loader
     from .registry import Code, Hit, all_codes, lookup
     from .signature import Role, Signature
 

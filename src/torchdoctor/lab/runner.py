@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from ..sessions import kill_session, reap_session, session_members
 from . import Scenario
 
 OUTPUT_LIMIT = 8 * 1024 * 1024
@@ -117,54 +118,6 @@ def _child_env(s: Scenario) -> dict[str, str]:
     return env
 
 
-def _session_members(sid: int) -> list[psutil.Process]:
-    members = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid:
-                members.append(p)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process in the child's session: all of them were started by this run."""
-    try:
-        os.killpg(sid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in _session_members(sid):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-
-
-SHM_MANAGER = "torch_shm_manager"
-SHM_MANAGER_GRACE = 2.0
-
-
-def _reap_session(sid: int) -> None:
-    """Kill what the child left behind, but let torch_shm_manager unlink its segments first.
-
-    The manager removes the ``file_system`` segments of its clients when they disconnect and
-    then exits by itself; killing it at once would leave ``/torch_*`` files behind in /dev/shm.
-    """
-    managers = []
-    for p in _session_members(sid):
-        try:
-            if p.name() == SHM_MANAGER:
-                managers.append(p)
-            else:
-                p.kill()
-        except psutil.Error:
-            continue
-    if managers:
-        psutil.wait_procs(managers, timeout=SHM_MANAGER_GRACE)
-    _kill_session(sid)
-
-
 def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRecord:
     """Run one scenario (or its fixed variant) and capture what really happened."""
     argv, shm = _child_argv(s, fixed)
@@ -200,24 +153,24 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRe
             now = time.perf_counter()
             if now - start > limit:
                 record.timed_out = True
-                _kill_session(proc.pid)
+                kill_session(proc.pid)
                 break
             if now - last_mem > 0.5:
                 last_mem = now
-                rss = sum(_rss(p) for p in _session_members(proc.pid)) / 2**20
+                rss = sum(_rss(p) for p in session_members(proc.pid)) / 2**20
                 record.peak_rss_mb = max(record.peak_rss_mb, round(rss, 1))
                 if rss > s.memory_mb:
                     record.memory_killed = True
                     record.notes.append(f"killed: {rss:.0f} MB RSS passed the {s.memory_mb} MB bound")
-                    _kill_session(proc.pid)
+                    kill_session(proc.pid)
                     break
             time.sleep(0.05)
     except BaseException:
-        _kill_session(proc.pid)
+        kill_session(proc.pid)
         raise
     finally:
         proc.wait()
-        _reap_session(proc.pid)  # orphaned workers of a crashed owner
+        reap_session(proc.pid)  # orphaned workers of a crashed owner
         t.join(5)
     record.seconds = round(time.perf_counter() - start, 2)
     record.exit_code = proc.returncode

@@ -113,6 +113,42 @@ def assert_recorded(name: str) -> None:
     assert f"`torchdoctor lab run {name}`" in head
 
 
+def closed_loop(names: list[str], recorded: bool = True) -> tuple[Any, ...]:
+    """The closed loop each lab test module runs over its scenarios, declared once.
+
+    Returns the module-scoped ``runs`` fixture (every scenario started in the background) and the
+    tests: the failure really happens, explain names the expected code, the fixed variant passes,
+    and (``recorded``) the output is a fixture explain is tested on. A module unpacks them into its
+    own namespace, where pytest collects them.
+    """
+
+    @pytest.fixture(scope="module", name="runs")
+    def runs_fixture() -> Iterable[LabRuns]:
+        lab = LabRuns(names)
+        yield lab
+        lab.close()
+
+    @pytest.mark.parametrize("name", names)
+    def test_failure_happens(runs: LabRuns, name: str) -> None:
+        assert_failure(name, runs.get(name))
+
+    @pytest.mark.parametrize("name", names)
+    def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
+        assert_explained(name, runs.get(name))
+
+    @pytest.mark.parametrize("name", names)
+    def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
+        assert_fixed(name, runs.get(name, fixed=True))
+
+    @pytest.mark.parametrize("name", names)
+    def test_output_is_recorded_as_a_fixture(name: str) -> None:
+        assert_recorded(name)
+
+    tests = (runs_fixture, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes)
+    return tests + ((test_output_is_recorded_as_a_fixture,) if recorded else ())
+
+
+
 def check_json(*args: str, preexec_fn: Any = None, prefix: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """`torchdoctor check --format json` (optionally in a prepared child); findings by code."""
     argv = [*(prefix or []), sys.executable, "-m", "torchdoctor", "check", "--format", "json", "--fail-on", "never",

@@ -14,7 +14,6 @@ import resource
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from torchdoctor.lab import get
 from torchdoctor.lab.scenarios import fds, ipc
 
 from .test_lab import (
+    closed_loop,
     LabRuns, assert_explained, assert_failure, assert_fixed, check_json, evidence_budget, scenario_names,
     signature_values, slow_requested,
 )
@@ -33,11 +33,8 @@ NAMES = scenario_names("ipc", "fds")
 SLOW = scenario_names("ipc", "fds", slow=True)
 
 
-@pytest.fixture(scope="module")
-def runs() -> Iterator[LabRuns]:
-    lab = LabRuns(NAMES)
-    yield lab
-    lab.close()
+# the closed loop over this module's scenarios (tests/test_lab.py)
+runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes = closed_loop(NAMES, recorded=False)
 
 
 def test_the_scenarios_are_here() -> None:
@@ -46,19 +43,6 @@ def test_the_scenarios_are_here() -> None:
     assert {"map-count-spawn", "map-count-forkserver"} <= set(SLOW)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_failure_happens(runs: LabRuns, name: str) -> None:
-    assert_failure(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
-    assert_explained(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
-    assert_fixed(name, runs.get(name, fixed=True))
 
 
 # -- values the signatures extract from the real text ---------------------------------------------

@@ -8,7 +8,6 @@ it fixes (the SIGTERM really arrived, the hang really waited for the timeout).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,13 @@ from torchdoctor.explain import explain
 from torchdoctor.lab.scenarios import loader
 from torchdoctor.registry import lookup
 
-from .test_lab import LabRuns, assert_explained, assert_failure, assert_fixed, scenario_names, signature_values
+from .test_lab import closed_loop, LabRuns, scenario_names, signature_values
 
 NAMES = scenario_names("loader")
 
 
-@pytest.fixture(scope="module")
-def runs() -> Iterator[LabRuns]:
-    lab = LabRuns(NAMES)
-    yield lab
-    lab.close()
+# the closed loop over this module's scenarios (tests/test_lab.py)
+runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes = closed_loop(NAMES, recorded=False)
 
 
 def test_the_scenarios_are_here() -> None:
@@ -35,19 +31,6 @@ def test_the_scenarios_are_here() -> None:
             "worker-sigabrt", "worker-sigterm", "worker-exit", "worker-hang-timeout"} <= set(NAMES)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_failure_happens(runs: LabRuns, name: str) -> None:
-    assert_failure(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
-    assert_explained(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
-    assert_fixed(name, runs.get(name, fixed=True))
 
 
 # -- worker-pickling: what could not be pickled, by name ------------------------------------------

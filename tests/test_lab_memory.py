@@ -8,7 +8,6 @@ RLIMIT_AS/RLIMIT_DATA, TD209 for RLIMIT_NPROC) it reported the same limit before
 from __future__ import annotations
 
 import resource
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,8 @@ from torchdoctor.lab.scenarios import memory
 from torchdoctor.units import human_bytes
 
 from .test_lab import (
-    LOGS, LabRuns, assert_explained, assert_failure, assert_fixed, assert_recorded, check_json, explain_or_skip,
+    closed_loop,
+    LOGS, LabRuns, check_json, explain_or_skip,
     scenario_names, signature_values,
 )
 
@@ -25,11 +25,8 @@ NAMES = scenario_names("memory")
 NOBODY = ["setpriv", f"--reuid={memory.NOBODY}", f"--regid={memory.NOBODY}", "--clear-groups", "--"]
 
 
-@pytest.fixture(scope="module")
-def runs() -> Iterator[LabRuns]:
-    lab = LabRuns(NAMES)
-    yield lab
-    lab.close()
+# the closed loop over this module's scenarios (tests/test_lab.py)
+runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
 
 
 def test_the_scenarios_are_here() -> None:
@@ -37,24 +34,6 @@ def test_the_scenarios_are_here() -> None:
             "threads-nproc-limit"} <= set(NAMES)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_failure_happens(runs: LabRuns, name: str) -> None:
-    assert_failure(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
-    assert_explained(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
-    assert_fixed(name, runs.get(name, fixed=True))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_output_is_recorded_as_a_fixture(name: str) -> None:
-    assert_recorded(name)
 
 
 # -- values extracted from the real text ------------------------------------------------------------

@@ -20,7 +20,8 @@ import pytest
 from torchdoctor.lab.scenarios import storage
 
 from .test_lab import (
-    LabRuns, assert_explained, assert_failure, assert_fixed, assert_recorded, check_json, scenario_names,
+    closed_loop,
+    LabRuns, check_json, scenario_names,
     signature_values,
 )
 
@@ -28,11 +29,8 @@ NAMES = scenario_names("storage")
 NOBODY = ["setpriv", f"--reuid={storage.NOBODY}", f"--regid={storage.NOBODY}", "--clear-groups", "--"]
 
 
-@pytest.fixture(scope="module")
-def runs() -> Iterator[LabRuns]:
-    lab = LabRuns(NAMES)
-    yield lab
-    lab.close()
+# the closed loop over this module's scenarios (tests/test_lab.py)
+runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
 
 
 @pytest.fixture
@@ -61,24 +59,6 @@ def test_the_scenarios_are_here() -> None:
             "ckpt-load-truncated", "ckpt-legacy-save-disk-full", "ckpt-save-io-error"} <= set(NAMES)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_failure_happens(runs: LabRuns, name: str) -> None:
-    assert_failure(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
-    assert_explained(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
-    assert_fixed(name, runs.get(name, fixed=True))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_output_is_recorded_as_a_fixture(name: str) -> None:
-    assert_recorded(name)
 
 
 def test_no_temporary_directory_or_attribute_is_left_behind(runs: LabRuns) -> None:

@@ -17,18 +17,14 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator
 
 import pytest
 
 from torchdoctor.lab.scenarios import writes
 
 from .test_lab import (
+    closed_loop,
     LabRuns,
-    assert_explained,
-    assert_failure,
-    assert_fixed,
-    assert_recorded,
     scenario_names,
     signature_values,
 )
@@ -38,11 +34,8 @@ SUMMARY = re.compile(r"(?P<written>\d+) records written by (?P<writers>\d+) proc
                      r"(?P<torn>\d+) do not, (?P<empty>\d+) empty, (?P<lost>\d+) records lost")
 
 
-@pytest.fixture(scope="module")
-def runs() -> Iterator[LabRuns]:
-    lab = LabRuns(NAMES)
-    yield lab
-    lab.close()
+# the closed loop over this module's scenarios (tests/test_lab.py)
+runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
 
 
 def _summary(text: str) -> dict[str, int]:
@@ -56,24 +49,6 @@ def test_the_scenarios_are_here() -> None:
                           "writes-ranks-same-checkpoint", "writes-ranks-rmtree-checkpoint"}
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_failure_happens(runs: LabRuns, name: str) -> None:
-    assert_failure(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_explain_names_the_code(runs: LabRuns, name: str) -> None:
-    assert_explained(name, runs.get(name))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
-    assert_fixed(name, runs.get(name, fixed=True))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_output_is_recorded_as_a_fixture(name: str) -> None:
-    assert_recorded(name)
 
 
 def test_no_temporary_directory_is_left_behind(runs: LabRuns) -> None:

@@ -257,8 +257,9 @@ def writes_ranks_same_checkpoint(fixed: bool) -> None:
                   flush=True)
             try:
                 state = torch.load(path, weights_only=False)
-            except pickle.UnpicklingError as exc:  # the same race seen earlier in the file: zeros where a
-                print(f"round {rnd}: torch.load failed: {exc!r}", flush=True)  # truncating open left a hole
+            except (pickle.UnpicklingError, MemoryError) as exc:  # the same race seen earlier in the file:
+                # zeros where a truncating open left a hole, or a torn size field asking for absurd memory
+                print(f"round {rnd}: torch.load failed: {exc!r}", flush=True)
                 continue
             assert len(state) == LAYERS + 2
             loaded += 1

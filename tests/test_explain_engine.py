@@ -35,13 +35,13 @@ from .test_explain_support import (
     fixture_body,
     interleave,
     rank_lines,
-    test_codes,
+    support_codes,
 )
 from .test_explain_support import (
     FIXTURES as FIXTURES_ROOT,
 )
 
-CODES = test_codes()
+CODES = support_codes()
 FIXTURES_LOGS = FIXTURES_ROOT / "logs"
 
 

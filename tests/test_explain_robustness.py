@@ -22,10 +22,10 @@ from .test_explain_support import (
     TD150_LOG,
     fixture_body,
     rank_lines,
-    test_codes,
+    support_codes,
 )
 
-CODES = test_codes()
+CODES = support_codes()
 TD150_LINE = "RuntimeError: received 0 items of ancdata"
 REAL_LINES = fixture_body(TD150_LOG) + CONSOLE.read_text(encoding="utf-8").split("\n")
 

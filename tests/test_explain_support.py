@@ -44,11 +44,10 @@ NUMPY_WEAK = _code("TDT05", "numpy-missing-weak", "worker-crash", Role.ROOT_CAUS
                    r"Failed to initialize NumPy: (?P<why>.+?) \(Triggered", "numpy: {why}", confidence=0.3)
 
 
-def test_codes() -> list[Code]:
+def support_codes() -> list[Code]:
     return [SAVE_MISSING, PEER_CLOSED, REMOTE_ADVICE, RECVFDS_FRAME, NUMPY_WEAK, lookup("TD150")]
 
 
-test_codes.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
 def fixture_body(path: Path) -> list[str]:

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..facts import Facts
 from ..model import Evidence
 from ..units import human_bytes
 
-__all__ = ["Evidence", "ev", "human_bytes", "fact"]
+__all__ = ["Evidence", "ev", "human_bytes"]
 
 
 def ev(label: str, value: Any, source: str = "") -> Evidence:
     return Evidence(label=label, value=value, source=source)
 
-
-def fact(facts: Facts, path: str) -> Any:
-    """Shorthand for ``facts.get(path)``; ``None`` when unknown."""
-    return facts.get(path)

@@ -12,13 +12,14 @@ checked against ``torch.get_num_threads()`` of the installed torch in the test s
 from __future__ import annotations
 
 import glob
-import importlib
 import importlib.util
 import math
 import os
 import platform
 import sys
 from typing import Any
+
+import psutil
 
 from . import cgroups
 from .context import GatherContext
@@ -92,7 +93,7 @@ def _physical(ctx: GatherContext, online: list[int]) -> int | None:
     if cores:
         return len(cores)
     if str(ctx.root) == "/":
-        count = importlib.import_module("psutil").cpu_count(logical=False)  # how psutil counts elsewhere
+        count = psutil.cpu_count(logical=False)  # how psutil counts elsewhere
         return int(count) if count else None
     ctx.unknown("cpu.physical_cores", "no /sys/devices/system/cpu/cpu*/topology files")
     return None

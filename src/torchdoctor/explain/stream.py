@@ -35,9 +35,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .collect import MAX_RANKS, Collector, Event, Matches
-from .match import FAST_AFTER, TRACEBACK, SignatureIndex, match_frames, match_line
+from .match import FAST_AFTER, TRACEBACK, Scanner, SignatureIndex, match_frames, match_line
 from .model import LineRef
 from .normalize import NormLine, SummaryTracker, Time, normalize, unflatten
+from .repeats import RepeatFilter
 from .relevance import (
     is_chain_marker,
     looks_like_exception_line,
@@ -388,6 +389,7 @@ def _looks_cut(head: str, cont: str) -> bool:
 def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None:
     for si, src in enumerate(sources):
         proc = LineProcessor(si, src, sig, col)
+        repeats = RepeatFilter()
         # small or unknown-size inputs start with the pure-Python scanner (no compile cost for a
         # pasted traceback); a stream that grows past FAST_AFTER switches to the fast one.
         scanner = sig.scanner(src.size if src.size is not None else 0)
@@ -402,12 +404,44 @@ def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None
                 col.lines += block.lines
                 if seen > FAST_AFTER and src.size is None and scanner is sig.slow_scanner():
                     scanner = sig.scanner(None)
-                hits = scanner.scan(block.data, block.start, block.end)
-                window_left = proc.walk(block, hits, window_left)
+                window_left = _read_block(proc, scanner, repeats, block, window_left)
         except TruncatedInput as exc:
             col.notes.append(f"{src.name}: {exc}; the lines before it were read")
         except OSError as exc:
             col.notes.append(f"{src.name}: read failed ({exc.strerror or exc}); the lines before it were read")
         proc.finish()
+        col.skipped_repeats += repeats.skipped
         if scanner.name != "python":
             col.scanner = scanner.name
+
+
+def _read_block(proc: LineProcessor, scanner: Scanner, repeats: RepeatFilter, block: Block, window_left: int) -> int:
+    """Scan and walk the runs of ``block`` that :class:`RepeatFilter` keeps; lines an open window
+    covers are read even when their shape repeats. Returns the window bytes left after the block."""
+    runs = repeats.runs(block.data, block.start, block.end)
+    if runs is None:
+        return proc.walk(block, scanner.scan(block.data, block.start, block.end), window_left)
+    data, pos, line = block.data, block.start, block.first_line
+
+    def walk(s: int, e: int, left: int) -> int:
+        nonlocal line
+        n = data.count(b"\n", s, e)
+        left = proc.walk(Block(data, s, e, line, n), scanner.scan(data, s, e), left)
+        line += n
+        return left
+
+    for s, e in [*runs, (block.end, block.end)]:
+        while window_left and pos < s:  # an open window reads the skipped lines it covers
+            stop = min(s, pos + window_left)
+            nl = data.find(b"\n", stop - 1, s)
+            stop = s if nl < 0 else nl + 1
+            repeats.skipped -= data.count(b"\n", pos, stop)
+            window_left = walk(pos, stop, window_left)
+            pos = stop
+        if pos < s:
+            line += data.count(b"\n", pos, s)
+            window_left = 0
+        if s < e:
+            window_left = walk(s, e, window_left)
+        pos = max(pos, e)
+    return window_left

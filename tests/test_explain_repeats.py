@@ -1,0 +1,78 @@
+"""Repeated line shapes are skipped across blocks, without changing what explain concludes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from torchdoctor.explain import explain
+from torchdoctor.explain.repeats import PER_BLOCK, RepeatFilter
+from torchdoctor.explain.sources import PIECE
+
+from .conftest import FIXTURES, REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import explain_throughput as bench  # noqa: E402  (the benchmark's world-like log generator)
+
+
+def _fixture(code_file: str) -> list[str]:
+    return bench.fixture_body(FIXTURES / "logs" / code_file)
+
+
+def test_a_block_of_known_shapes_is_skipped_and_new_shapes_are_read() -> None:
+    rf = RepeatFilter()
+    first = b"".join(b"[rank%d]: step %d loss 0.%d MeanSquaredError\n" % (i % 8, i, i) for i in range(100))
+    assert rf.runs(first, 0, len(first)) is None  # all new, under the per-block budget: read whole
+    again = b"".join(b"[rank%d]: step %d loss 0.%d MeanSquaredError\n" % (i % 8, i + 7, i) for i in range(100))
+    assert rf.runs(again, 0, len(again)) == []
+    assert rf.skipped == 100
+    cut = again.index(b"\n", 200) + 1
+    mixed = again[:cut] + b"RuntimeError: received 0 items of ancdata\n" + again[cut:]
+    runs = rf.runs(mixed, 0, len(mixed))
+    assert runs is not None and len(runs) == 1
+    s, e = runs[0]
+    assert mixed[s:e] == b"RuntimeError: received 0 items of ancdata\n"
+
+
+def test_one_new_shape_is_read_at_most_per_block_times() -> None:
+    rf = RepeatFilter()
+    rf.runs(b"seed line\n", 0, 10)
+    block = b"".join(b"W%04d warning about thing\n" % i for i in range(PER_BLOCK * 3))
+    runs = rf.runs(block, 0, len(block))
+    assert runs is not None
+    read = sum(block.count(b"\n", s, e) for s, e in runs)
+    assert read == PER_BLOCK
+
+
+def test_traceback_lines_are_never_learned() -> None:
+    rf = RepeatFilter()
+    tb = b"Traceback (most recent call last):\n"
+    rf.runs(tb + b"x\n", 0, len(tb) + 2)
+    runs = rf.runs(tb, 0, len(tb))
+    assert runs is None
+
+
+def test_world_noise_log_gives_the_same_diagnosis_as_the_failure_alone(tmp_path: Path) -> None:
+    failure = _fixture("TD661/lab-writes-ranks-rmtree-checkpoint.log")
+    alone = explain("\n".join(failure) + "\n")
+    assert alone.root_cause is not None
+    log = tmp_path / "train.log"
+    bench.build_log(log, 3 * PIECE, failure)  # several blocks of repeated warnings, bars and metrics
+    noisy = explain(log)
+    assert noisy.root_cause is not None
+    assert noisy.root_cause.code == alone.root_cause.code == "TD661"
+    assert noisy.root_cause.rank == bench.FAILING_RANK
+    assert noisy.skipped_repeats > 10_000  # the noise was skipped, not read line by line
+
+
+def test_a_second_traceback_through_known_frames_keeps_its_context(tmp_path: Path) -> None:
+    """Frames of a traceback already seen blocks earlier are read again inside the new traceback's
+    window: a ``context=`` signature still sees them."""
+    failure = _fixture("TD661/lab-writes-ranks-rmtree-checkpoint.log")
+    noise = bench.world_block(__import__("random").Random(1), 0, 4000)
+    text = "\n".join(failure) + "\n" + noise * (PIECE // len(noise) + 2) + "\n".join(failure) + "\n"
+    log = tmp_path / "two.log"
+    log.write_text(text, encoding="utf-8")
+    report = explain(log)
+    group = next(d for d in report.diagnoses if d.code == "TD661")
+    assert group.count >= 2

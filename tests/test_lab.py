@@ -20,6 +20,7 @@ import pytest
 
 from torchdoctor.lab import all_scenarios, get
 from torchdoctor.lab.runner import RunRecord, run
+from torchdoctor.explain import shows
 from torchdoctor.registry import all_codes, lookup
 
 from .conftest import FIXTURES, run_cli
@@ -60,28 +61,14 @@ class LabRuns:
 
 
 def signature_values(code: str, text: str) -> list[dict[str, str]]:
-    """Values of every line of ``text`` matched by ``code``'s signatures (no explain engine needed)."""
-    sigs = lookup(code).signatures
-    found = []
-    for line in text.splitlines():
-        for sig in sigs:
-            if any(t in line for t in sig.triggers) and (values := sig.match(line)) is not None:
-                found.append(values)
-    return found
+    """Values of every match of ``code`` in ``text``, as the engine decides (:func:`torchdoctor.explain.shows`)."""
+    return [m.values for m in shows(text, code)]
 
 
 def slow_requested(config: pytest.Config) -> bool:
     """Slow scenarios run with ``-m slow`` (CI's full run) or TORCHDOCTOR_LAB_SLOW=1, never by default."""
     expr = config.getoption("markexpr") or ""
     return ("slow" in expr and "not slow" not in expr) or bool(os.environ.get("TORCHDOCTOR_LAB_SLOW"))
-
-
-def explain_or_skip() -> Any:
-    try:
-        from torchdoctor.explain import explain
-    except ImportError as exc:  # pragma: no cover - only while the explain engine is being written
-        pytest.skip(f"torchdoctor.explain is not available yet: {exc}")
-    return explain
 
 
 def assert_failure(name: str, rec: RunRecord) -> None:
@@ -93,7 +80,7 @@ def assert_failure(name: str, rec: RunRecord) -> None:
 
 
 def assert_explained(name: str, rec: RunRecord) -> None:
-    explain = explain_or_skip()
+    from torchdoctor.explain import explain
     s = get(name)
     root = explain(rec.text()).root_cause
     assert root is not None, f"explain named no root cause for {name}:\n{rec.tail()}"
@@ -218,7 +205,6 @@ def test_run_json_closed_loop() -> None:
     assert out["reproduced"] is True and out["exit_code"] == 1 and out["seconds"] > 0
     assert "Communication with the workers is no longer possible" in out["output_tail"]
     assert out["fixed_passed"] is True
-    explain_or_skip()
     assert (out["explained_family"], out["explained_code"]) == ("fd-exhausted", "TD152")
     assert proc.returncode == 0, proc.stderr
 
@@ -236,15 +222,6 @@ def test_run_json_without_fix_has_null_fixed_passed() -> None:
     proc = run_cli("lab", "run", "pickle-module-lambda", "--format", "json", timeout=180)
     out = json.loads(proc.stdout)
     assert out["fixed_passed"] is None and out["explained_code"] is None and out["reproduced"] is True
-
-
-def test_explain_missing_is_said_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchdoctor.cli_lab import explain_record
-
-    monkeypatch.setitem(sys.modules, "torchdoctor.explain", None)  # import now raises ImportError
-    family, code, note = explain_record("RuntimeError: received 0 items of ancdata")
-    assert (family, code) == (None, None)
-    assert note is not None and "torchdoctor.explain is not available" in note
 
 
 # -- lab record ---------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from .test_lab import (
     assert_failure,
     assert_fixed,
     assert_recorded,
-    explain_or_skip,
     scenario_names,
     signature_values,
     slow_requested,
@@ -51,7 +50,7 @@ def runs() -> Iterator[LabRuns]:
 
 def assert_explained(name: str, rec: RunRecord) -> None:
     """Root-cause codes must be the root cause; a cascade code the top diagnosis (nothing better was printed)."""
-    explain = explain_or_skip()
+    from torchdoctor.explain import explain
     s = get(name)
     report = explain(rec.text())
     assert report.diagnoses, f"explain found nothing in {name}:\n{rec.tail()}"
@@ -131,7 +130,7 @@ def test_unreachable_store_names_the_loopback_address(runs: LabRuns) -> None:
 
 
 def test_killed_peer_is_a_cascade_with_a_sigkill_confirmation(runs: LabRuns) -> None:
-    explain = explain_or_skip()
+    from torchdoctor.explain import explain
     report = explain(runs.get("dist-peer-killed").text())
     assert report.root_cause is None, "the dead rank printed nothing: no root cause may be invented"
     by_code = {d.code: d for d in report.diagnoses}
@@ -201,7 +200,7 @@ def _gloo_init(ifname: str) -> subprocess.CompletedProcess[str]:
 def test_gloo_interface_that_does_not_exist_is_named_and_lo_fixes_it() -> None:
     """A real gloo init with GLOO_SOCKET_IFNAME naming no interface: explain names TD460 and the name."""
     pytest.importorskip("torch")
-    explain = explain_or_skip()
+    from torchdoctor.explain import explain
     failed = _gloo_init("tdnope0")
     assert failed.returncode != 0, failed.stdout + failed.stderr
     report = explain(failed.stdout + failed.stderr)
@@ -214,7 +213,7 @@ def test_gloo_interface_that_does_not_exist_is_named_and_lo_fixes_it() -> None:
 
 def test_torchrun_sigkill_confirms_host_oom_not_a_hang() -> None:
     """torchrun's '-9' lines (recorded from the lab) read as a host-oom confirmation; TD457 leaves them alone."""
-    explain = explain_or_skip()
+    from torchdoctor.explain import explain
     text = (LOGS / "TD459" / "lab-torchrun-peer-killed.log").read_text(encoding="utf-8").split("# ---\n", 1)[1]
     report = explain(text)
     by_code = {d.code: d for d in report.diagnoses}

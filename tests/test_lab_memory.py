@@ -17,7 +17,7 @@ from torchdoctor.units import human_bytes
 
 from .test_lab import (
     closed_loop,
-    LOGS, LabRuns, check_json, explain_or_skip,
+    LOGS, LabRuns, check_json,
     scenario_names, signature_values,
 )
 
@@ -82,7 +82,7 @@ def test_check_predicts_the_nproc_limit(runs: LabRuns) -> None:
 # -- explain across ranks: the OOM of one rank explains the others' cascade ---------------------------
 
 def test_torchrun_oom_fixture_names_the_oom_rank_first() -> None:
-    explain = explain_or_skip()
+    from torchdoctor.explain import explain
     text = (LOGS / "TD270" / "lab-torchrun-peer-oom.log").read_text().split("# ---\n", 1)[1]
     report = explain(text)
     assert report.root_cause is not None and (report.root_cause.code, report.root_cause.rank) == ("TD270", 1)
@@ -126,7 +126,7 @@ def test_allocator_error_code_12_is_not_a_failed_fork(runs: LabRuns, name: str) 
 
 
 def test_fork_enomem_is_the_root_cause() -> None:
-    explain = explain_or_skip()
+    from torchdoctor.explain import explain
     root = explain(_fixture_text("TD275", "self-critical-11-python2-fork.log")).root_cause
     assert root is not None and (root.code, root.family) == ("TD275", "host-oom")
     assert "forkserver" in root.fix and "num_workers" in root.fix

@@ -2,8 +2,7 @@
 
 Fixtures are real text from public reports (URL in each header) under ``tests/fixtures/logs/<CODE>/``:
 positive files must be recognised by their code with the right values, ``near-*.log`` files must not.
-Until the explain engine lands, these tests drive :meth:`Signature.match` directly, with the
-engine's literal-trigger prefilter.
+Matching goes through the engine's own :func:`torchdoctor.explain.shows` (one matcher everywhere).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from torchdoctor.explain import explain, shows
 from torchdoctor.registry import Code, Hit, all_codes, lookup
 from torchdoctor.signature import Role, Signature
 
@@ -67,24 +67,9 @@ class Match:
     values: dict[str, str]
 
 
-def _line_matches(code: Code, line: str, no: int) -> list[Match]:
-    return [Match(code, sig, no, values) for sig in code.signatures
-            if any(t in line for t in sig.triggers) and (values := sig.match(line)) is not None]
-
-
 def matches(code: Code, lines: tuple[str, ...]) -> list[Match]:
-    """What the engine would match: a signature runs only on lines holding one of its triggers, and a
-    line holding a trigger that matched nothing is joined with the next line (a wrapped message)."""
-    out: list[Match] = []
-    pending: tuple[int, str] | None = None
-    for no, line in enumerate(lines, 1):
-        found = _line_matches(code, line, no)
-        if not found and pending is not None:
-            found = _line_matches(code, pending[1].rstrip() + " " + line.strip(), pending[0])
-        has_trigger = any(t in line for sig in code.signatures for t in sig.triggers)
-        pending = (no, line) if has_trigger and not found else None
-        out += found
-    return out
+    """What the engine matches for ``code`` (the one matcher: :func:`torchdoctor.explain.shows`)."""
+    return [Match(code, m.signature, m.line, m.values) for m in shows("\n".join(lines) + "\n", code)]
 
 
 def all_matches(lines: tuple[str, ...]) -> list[Match]:
@@ -92,11 +77,9 @@ def all_matches(lines: tuple[str, ...]) -> list[Match]:
 
 
 def top_root_cause(lines: tuple[str, ...]) -> str | None:
-    """Most confident root-cause match among these codes, earliest line first on ties."""
-    roots = [m for m in all_matches(lines) if m.signature.role is Role.ROOT_CAUSE]
-    if not roots:
-        return None
-    return min(roots, key=lambda m: (-m.signature.confidence, m.line_no)).code.code
+    """The root cause the engine names when only these codes are known."""
+    root = explain("\n".join(lines) + "\n", codes=MINE).root_cause
+    return root.code if root is not None else None
 
 
 # -- the fixture set itself ----------------------------------------------------------------------

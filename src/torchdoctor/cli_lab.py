@@ -106,20 +106,16 @@ class Outcome:
 
 
 def shows_code(code: str, text: str) -> bool:
-    """Whether a line of ``text`` matches one of ``code``'s log signatures (the failure's own text)."""
-    from .registry import lookup
+    """Whether the engine matches ``code``'s log signatures in ``text`` (the failure's own text)."""
+    from .explain import shows
 
-    sigs = lookup(code).signatures
-    return any(sig.match(line) is not None for line in text.splitlines() for sig in sigs
-               if any(t in line for t in sig.triggers))
+    return bool(shows(text, code))
 
 
 def explain_record(text: str) -> tuple[str | None, str | None, str | None]:
     """(family, code, note) of the root cause explain names for ``text``; a note when it cannot."""
-    try:
-        from .explain import explain
-    except ImportError as exc:
-        return None, None, f"--explain: torchdoctor.explain is not available in this build ({exc})"
+    from .explain import explain
+
     report = explain(text)
     root = report.root_cause
     if root is None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Union
 
 from ..registry import Code, log_codes
+from ..signature import Signature
 from .collect import Collector
 from .match import SignatureIndex
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError, rank_ranges
@@ -75,6 +77,37 @@ def explain_sources(sources: list[Source], codes: Sequence[Code] | None = None) 
     return triage(col, {c.code: c for c in chosen}, [s.name for s in sources])
 
 
+@dataclass(frozen=True)
+class Shown:
+    """One place where the engine matched a signature (see :func:`shows`)."""
+
+    code: str
+    signature: Signature
+    line: int
+    """1-based line number in the text (the first line of a joined, wrapped match)."""
+    values: dict[str, str]
+    how: str = ""
+    """``cut-traceback`` when read from a traceback cut before its exception line."""
+
+
+def shows(data: Input, code: str | Code | Iterable[str | Code]) -> list[Shown]:
+    """Every match of ``code``'s signatures in ``data``, in reading order, decided by the engine itself.
+
+    This is the one answer to "does this text show TDnnn?": ``lab run`` calls a failure reproduced
+    with it, and the tests check fixtures with it. It runs the same reading as :func:`explain`
+    (normalisation, traceback stitching, ``context=``/``frames=`` rules, wrapped lines joined,
+    placeholders and cut lines tolerated), restricted to the given codes.
+    """
+    from ..registry import lookup
+
+    items = [code] if isinstance(code, (str, Code)) else list(code)
+    chosen = [c if isinstance(c, Code) else lookup(c) for c in items]
+    col = Collector(trace=[])
+    read_all(sources_for(data), SignatureIndex(chosen), col)
+    assert col.trace is not None
+    return [Shown(e.code, e.signature, e.ref.line, dict(e.values), e.how) for e in col.trace if e.signature is not None]
+
+
 def explain_paths(paths: Iterable[str | os.PathLike[str]], codes: Sequence[Code] | None = None) -> ExplainReport:
     """Explain files, directories and ``-`` (stdin), as the command line does."""
     return explain_sources(resolve(paths), codes)
@@ -96,5 +129,7 @@ __all__ = [
     "explain",
     "explain_exception",
     "explain_paths",
+    "Shown",
     "rank_ranges",
+    "shows",
 ]

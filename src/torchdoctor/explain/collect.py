@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..signature import Signature
 from .match import Candidate
 from .model import LineRef
 from .normalize import RankFailure, Time
@@ -33,6 +34,8 @@ class Event:
     """``cut-traceback`` for a ``frames=True`` match on a cut traceback; empty for a log line."""
     joined: LineRef | None = None
     """The continuation line (without a prefix of its own) that a wrapped match was joined with."""
+    signature: Signature | None = None
+    """The signature that matched (kept for :func:`torchdoctor.explain.shows`)."""
 
 
 Matches = list[tuple[Candidate, dict[str, str]]]
@@ -91,8 +94,12 @@ class Collector:
     scanner: str = "python"
     skipped_repeats: int = 0
     """Error lines not read because two lines of the same shape already were."""
+    trace: list[Event] | None = None
+    """Every event in reading order, when asked for (:func:`torchdoctor.explain.shows`; small inputs)."""
 
     def add(self, ev: Event) -> None:
+        if self.trace is not None:
+            self.trace.append(ev)
         key = (ev.code, ev.role)
         group = self.groups.get(key)
         if group is None:

@@ -230,7 +230,7 @@ class LineProcessor:
              how: str = "", joined: LineRef | None = None) -> None:
         for cand, values in matches:
             sig = cand.signature
-            self.col.add(Event(cand.code.code, sig.role.value, sig.confidence, values, ref, time, seq, tb, how, joined))
+            self.col.add(Event(cand.code.code, sig.role.value, sig.confidence, values, ref, time, seq, tb, how, joined, sig))
 
     def _joined(self, texts: list[str]) -> Matches:
         """Signatures matching a wrapped line joined with its continuation (the first form that matches)."""

@@ -447,14 +447,21 @@ def test_three_piece_wrap_joins_the_last_piece() -> None:
     assert d.values["timeout_ms"] in lines[second]  # the third piece
 
 
+def _td490_values(lines: list[str]) -> dict[str, str]:
+    return next(d for d in explain(lines).diagnoses if d.code == "TD490").values
+
+
 def test_continuation_is_joined_only_with_the_line_just_above() -> None:
     lines = WRAPPED.read_text(encoding="utf-8").splitlines()[:2]
-    assert "TD490" not in explain(lines[:1]).codes()  # the head alone does not match
+    assert _td490_values(lines)["op"] == "BROADCAST"  # joined: every value
+    # the head alone is recognised as a line cut short: the values past the cut are unknown
+    head = explain(lines[:1]).diagnoses[0]
+    assert head.code == "TD490" and head.values["op"] == "?" and any("cut short" in n for n in head.notes)
     # another rank's prefix on the continuation: a line of that rank, not a continuation
-    assert "TD490" not in explain([lines[0], "[rank7]:" + lines[1]]).codes()
+    assert _td490_values([lines[0], "[rank7]:" + lines[1]])["op"] == "?"
     # a real line in between (the three-piece paste's stack line): not adjacent, not joined
     between = next(line for line in THREE_PIECES.read_text(encoding="utf-8").splitlines() if line.startswith("frame #0"))
-    assert "TD490" not in explain([lines[0], between, lines[1]]).codes()
+    assert _td490_values([lines[0], between, lines[1]])["op"] == "?"
 
 
 # --------------------------------------------------------------------------- triage

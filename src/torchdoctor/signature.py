@@ -1,4 +1,4 @@
-"""Log signatures: how a failure mode is recognised in a log. Declared on the code they diagnose.
+r"""Log signatures: how a failure mode is recognised in a log. Declared on the code they diagnose.
 
 A :class:`Signature` is data: a role, cheap literal triggers, one regular expression with named
 groups for the values a person needs, and near-miss exclusions. The matcher (``torchdoctor.explain``)
@@ -25,6 +25,19 @@ never on a traceback's frame or source lines. Two opt-ins widen or narrow that:
   exception line closes (its kept frame and source lines, stripped, joined by ``\n``: a literal
   may span a frame line and its source line, ``"in _rmtree_safe_fd\nos.unlink("``). A line that
   closes no traceback never matches such a signature.
+
+Recognition is separated from evidence. People edit what they paste and trackers cut it, so a line
+that fails :attr:`Signature.pattern` is tried twice more (:meth:`Signature.match`):
+
+* **placeholders**: every named group, and every bare ``\d+``, also accepts what people type
+  instead of a value (``...``, ``…``, ``XXX``, ``***``, ``<ip>``, ``[redacted]``, ``N``);
+  the value is then absent (a diagnosis shows it as unknown), the diagnosis is not. Such a match
+  must hold one of the signature's triggers in full;
+* **truncation**: a line that ends inside the pattern (``… Tried to allocate 17.19 MiB f...``) is a
+  match when what it does hold covers one of the signature's triggers in full (the stable core
+  phrase); values cut at the end of the line are dropped.
+
+Exclusions apply to every form, so near misses stay near misses.
 """
 
 from __future__ import annotations
@@ -35,9 +48,53 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import regex
+
 FRAME_TAIL = 4
 """Traceback lines a ``frames=True`` pattern sees: the last source line and the three lines above it
 (the frame line it belongs to, and the calling frame's two lines)."""
+
+
+PLACEHOLDER = (r"(?:\.{3,}|…|[Xx]{2,}|\*{2,}|#{2,}|\?+|<[^<>\n]{1,40}>|\[[^\[\]\n]{1,40}\]|"
+               r"_{2,}|(?<![A-Za-z])N(?![A-Za-z]))")
+"""What people type where a value was: ``...``, ``…``, ``XXX``, ``***``, ``<ip>``, ``[redacted]``, ``N``. Not
+``{name}``: that is a format string in source code, the template of the message, not the message."""
+_CUT_MARKS = re.compile(r"(?:\s*(?:\.{3,}|…|\[(?:truncated|cut)\]))+\s*$")
+MIN_CUT_MATCH = 12
+"""A cut line must hold at least this many characters of the pattern (and a whole trigger)."""
+
+
+def tolerant(pattern: str) -> str:
+    """``pattern`` with every named group, and every bare ``\\d+``, also accepting a :data:`PLACEHOLDER`."""
+    inserts: list[tuple[int, str]] = []
+    stack: list[tuple[int, bool]] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            bare = not in_class and not any(named for _, named in stack)
+            if bare and pattern.startswith("\\d+", i) and (i + 3 >= n or pattern[i + 3] not in "?*+{"):
+                inserts += [(i, "(?:"), (i + 3, "|" + PLACEHOLDER + ")")]
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("[^]", i) or pattern.startswith("[]", i):
+                i += 2 if pattern[i + 1] == "]" else 3
+                continue
+        elif c == "(":
+            stack.append((i, pattern.startswith("(?P<", i)))
+        elif c == ")" and stack:
+            start, named = stack.pop()
+            if named:
+                inserts += [(start, "(?:"), (i + 1, "|" + PLACEHOLDER + ")")]
+        i += 1
+    out = pattern
+    for pos, text in sorted(inserts, key=lambda p: p[0], reverse=True):
+        out = out[:pos] + text + out[pos:]
+    return out
 
 
 class Role(str, enum.Enum):
@@ -86,16 +143,47 @@ class Signature:
     def exclusions(self) -> tuple[re.Pattern[str], ...]:
         return tuple(re.compile(e) for e in self.exclude)
 
-    def match(self, line: str) -> dict[str, str] | None:
+    @cached_property
+    def tolerant_regex(self) -> regex.Pattern[str]:
+        """:attr:`pattern` accepting placeholders for values (module doc); supports partial matches."""
+        return regex.compile(tolerant(self.pattern))
+
+    def match(self, line: str, cut: bool = False) -> dict[str, str] | None:
         """Extracted values when the log line ``line`` matches (triggers are the caller's prefilter), else
         None. A ``frames`` signature never matches a log line (see :meth:`match_frames`); a ``context``
-        signature's traceback is the caller's to check (:meth:`in_context`)."""
-        if self.frames:
+        signature's traceback is the caller's to check (:meth:`in_context`). Placeholders are tolerated
+        (module doc), and a cut end when the line says it was cut (``...``, ``…``) or ``cut`` is true (the
+        engine passes it once the next line did not continue this one); the values they hide are left out."""
+        if self.frames or any(ex.search(line) for ex in self.exclusions):
             return None
         m = self.regex.search(line)
-        if m is None or any(ex.search(line) for ex in self.exclusions):
+        if m is not None:
+            return self._values(m)
+        t = self.tolerant_regex.search(line)
+        if t is not None and self._holds_trigger(t.group(0)):
+            return self._values(t)
+        if cut or _CUT_MARKS.search(line):
+            return self._cut_match(line)
+        return None
+
+    def _holds_trigger(self, text: str) -> bool:
+        return any(t in text for t in self.triggers)
+
+    def _cut_match(self, line: str) -> dict[str, str] | None:
+        """Values when ``line`` ends inside the pattern, holding a whole trigger (module doc)."""
+        text = _CUT_MARKS.sub("", line.rstrip())
+        if len(text) < MIN_CUT_MATCH:
             return None
-        return self._values(m)
+        try:
+            m = self.tolerant_regex.search(text, partial=True, timeout=0.05)
+        except TimeoutError:
+            return None
+        if m is None or not m.partial or len(m.group(0)) < MIN_CUT_MATCH:
+            return None
+        if not self._holds_trigger(m.group(0)):
+            return None
+        found = {k: v for k, v in m.groupdict().items() if v is not None and m.end(k) < len(text)}
+        return {**self.values, **found}
 
     def match_frames(self, tail: Sequence[str]) -> dict[str, str] | None:
         """Values when the pattern matches the last lines of a cut traceback (``tail``, oldest first,
@@ -121,6 +209,6 @@ class Signature:
         text = "\n".join(line.strip() for line in traceback)
         return any(c in text for c in self.context)
 
-    def _values(self, m: re.Match[str]) -> dict[str, str]:
+    def _values(self, m: re.Match[str] | regex.Match[str]) -> dict[str, str]:
         found = {k: v for k, v in m.groupdict().items() if v is not None}
         return {**self.values, **found}

@@ -180,12 +180,14 @@ class HyperscanScanner(Scanner):
         return out
 
 
-def match_line(index: SignatureIndex, ids: Iterable[int], texts: Sequence[str]) -> list[tuple[Candidate, dict[str, str]]]:
-    """Signatures (with extracted values) matching a line, tried on each of its ``texts`` forms."""
+def match_line(index: SignatureIndex, ids: Iterable[int], texts: Sequence[str],
+               cut: bool = False) -> list[tuple[Candidate, dict[str, str]]]:
+    """Signatures (with extracted values) matching a line, tried on each of its ``texts`` forms;
+    ``cut``: the line is known to end early (see :meth:`~torchdoctor.signature.Signature.match`)."""
     found: list[tuple[Candidate, dict[str, str]]] = []
     for cand in index.signatures_for(ids):
         for text in texts:
-            values = cand.signature.match(text)
+            values = cand.signature.match(text, cut)
             if values is not None:
                 found.append((cand, values))
                 break

@@ -185,6 +185,16 @@ class UnmatchedStore:
             item.ranks.add(ref.rank)
         return key
 
+    def withdraw(self, key: str) -> None:
+        """One occurrence of ``key`` was matched after all (a line found to be cut short): not unmatched."""
+        item = self.items.get(key)
+        if item is None:
+            return
+        item.count -= 1
+        item.free = max(0, item.free - 1)
+        if item.count <= 0:
+            del self.items[key]
+
     def tie(self, key: str) -> None:
         """One earlier occurrence of ``key`` turned out to sit next to a matched signature."""
         item = self.items.get(key)

@@ -56,6 +56,8 @@ TIE_BEFORE = 3
 TIE_AFTER = 4
 """... and up to this many lines after it (the rest of a multi-line message, its echo)."""
 RECENT = 8
+CUT_WIDTH = 120
+"""A line at least this long that ends inside a signature's pattern may have been cut (see _flush_cut)."""
 
 _CARETS_RE = re.compile(r"[\^~ ]+")
 _BOX = ("│", "╭", "╰", "┃")
@@ -201,6 +203,9 @@ class LineProcessor:
             matches = _in_context(self._joined([prev.text.rstrip() + " " + norm.text.strip()]), tb)
             if matches:
                 refs = [LineRef(src.name, prev_line, prev.clean, prev.rank, prev.host), ref]
+                st.pending = None
+        if st.pending is not None:
+            self._flush_cut(st)  # not continued by this line: it may have been cut short
         st.pending = (norm, lineno) if sig_ids and not matches else None
         if (not matches and not own_time and norm.rank is None and prev_key is not None
                 and self._join_other_stream(prev_key, norm, lineno)):
@@ -240,6 +245,30 @@ class LineProcessor:
             if found:
                 return found
         return []
+
+    def _flush_cut(self, st: StreamState, last: bool = False) -> None:
+        """The stream's pending line (a trigger, no match) was not continued: try it as a line cut
+        short (:meth:`~torchdoctor.signature.Signature.match` with ``cut``) when it is the stream's
+        ``last`` line (the paste stops there) or as long as lines that trackers and terminals cut
+        (:data:`CUT_WIDTH`); a shorter line in the middle of a log is taken as complete."""
+        assert st.pending is not None
+        prev, prev_line = st.pending
+        st.pending = None
+        if not last and len(prev.text) < CUT_WIDTH:
+            return
+        ids = [i for i in self.sig.ids_in(prev.text) if self.sig.has_signature[i]]
+        tb = st.closed_tb if 0 <= prev_line - st.closed_at <= 2 else ()
+        found = _in_context(match_line(self.sig, ids, [prev.text], cut=True), tb) if ids else []
+        if not found:
+            return
+        ref = LineRef(self.source.name, prev_line, prev.clean, prev.rank, prev.host)
+        self._rank_host(ref)
+        self._add(found, ref, prev.time, (self.index, prev_line), tb, how="cut-line")
+        for item in [r for r in st.recent if r[0] == prev_line]:  # the line itself is explained now
+            st.recent.remove(item)
+            self.col.unmatched.withdraw(item[1])
+        if any(cand.signature.role.value != "advice" for cand, _ in found):
+            self._explains_neighbours(st, prev_line, st.chain if tb else None)
 
     # -- a continuation without prefix, wrapped off a rank's line ------------------------------
 
@@ -369,6 +398,8 @@ class LineProcessor:
         for st in self.streams.values():
             if st.cut is not None:
                 self._try_cut(st)
+            if st.pending is not None:
+                self._flush_cut(st, last=True)
         self.col.failures += self.summary.finish()
 
 

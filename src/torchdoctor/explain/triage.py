@@ -59,7 +59,9 @@ def _boost(confidence: float, support: float) -> float:
 
 
 def _diagnosis(g: Group, code: Code, first: Event) -> Diagnosis:
-    values = {"rank": str(first.ref.rank) if first.ref.rank is not None else "?", **first.values}
+    # a value the log does not show (a placeholder, a cut line) is said to be unknown, never left as {name}
+    unknown = dict.fromkeys(code.placeholders(), "?")
+    values = {**unknown, "rank": str(first.ref.rank) if first.ref.rank is not None else "?", **first.values}
     if first.ref.host:
         values.setdefault("host", first.ref.host)
     finding = code.finding(Hit(values))
@@ -68,6 +70,8 @@ def _diagnosis(g: Group, code: Code, first: Event) -> Diagnosis:
     if first.how == "cut-traceback":
         notes.append("read from the last source line of a traceback cut before its exception line "
                      f"({first.ref.location})")
+    if first.how == "cut-line":
+        notes.append(f"the line is cut short ({first.ref.location}): recognised from what it holds; values past the cut are unknown")
     if first.joined is not None:
         notes.append(f"a wrapped line: joined with its continuation at {first.joined.location}, "
                      "which has no rank prefix of its own")

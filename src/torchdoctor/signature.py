@@ -11,7 +11,13 @@ Roles (after nvidia-resiliency-ext's log analyser):
   look for an earlier root cause, on this rank or another;
 * ``confirmation``: strengthens a diagnosis but names no cause by itself (a bare ``Killed``, exit -9);
 * ``advice``: context printed next to failures (CUDA's "might be asynchronously reported"):
-  never a cause.
+  never a cause;
+* ``symptom``: a symptom or a sentence that points at this code without proving it (a worker that
+  "exited unexpectedly" inside a container, "hangs after the first epoch with num_workers > 0",
+  a generic exception in telling frames). It makes a *hypothesis*: ranked with its confidence
+  (kept below 0.8: a hypothesis is never a sure answer) and how to confirm it (:attr:`Signature.confirm`).
+  Several codes may declare the same symptom with different weights; without a root cause the
+  strongest hypothesis leads.
 
 Where a signature is tried (the engine's rules, see :mod:`torchdoctor.explain.stream`): on log lines,
 never on a traceback's frame or source lines. Two opt-ins widen or narrow that:
@@ -102,6 +108,11 @@ class Role(str, enum.Enum):
     CASCADE = "cascade"
     CONFIRMATION = "confirmation"
     ADVICE = "advice"
+    SYMPTOM = "symptom"
+
+
+SYMPTOM_MAX = 0.75
+"""A symptom's confidence stays below the 0.8 that sure answers carry."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,8 @@ class Signature:
     """Tried only on the last source line of a traceback cut before its exception line (module doc)."""
     context: tuple[str, ...] = ()
     """Literals; one of them must occur in the traceback the matched line closes (module doc)."""
+    confirm: str = ""
+    """For a ``symptom``: how to confirm the hypothesis (a command to run, the log line to look for)."""
 
     def __post_init__(self) -> None:
         if not self.triggers:
@@ -133,6 +146,8 @@ class Signature:
             raise ValueError("context must be a tuple of non-empty literals")
         if self.frames and self.context:
             raise ValueError("a frames signature matches inside the traceback: it takes no context")
+        if self.role is Role.SYMPTOM and (not self.confirm or self.confidence > SYMPTOM_MAX):
+            raise ValueError(f"a symptom needs a confirm text and a confidence <= {SYMPTOM_MAX}")
         # Patterns compile lazily (only signatures whose trigger is seen); tests compile them all.
 
     @cached_property

@@ -57,7 +57,8 @@ class Diagnosis:
     name: str
     family: str
     role: str
-    """``root-cause``, ``cascade``, ``confirmation`` or ``advice`` (see :class:`torchdoctor.signature.Role`)."""
+    """``root-cause``, ``cascade``, ``confirmation``, ``advice`` or ``hypothesis`` (from ``symptom``
+    signatures; see :class:`torchdoctor.signature.Role`)."""
     confidence: float
     rank: int | None
     """The rank where it showed first (None when the lines carry no rank)."""
@@ -76,6 +77,8 @@ class Diagnosis:
     """For a cascade or confirmation: the root-cause code it belongs to."""
     time: float | None = None
     notes: list[str] = field(default_factory=list)
+    confirm: str = ""
+    """For a hypothesis: how to confirm it (a command to run, the line to look for)."""
 
     @property
     def ranks_text(self) -> str:
@@ -98,6 +101,7 @@ class Diagnosis:
             "ranks_text": self.ranks_text,
             "count": self.count,
             "values": self.values,
+            "confirm": self.confirm or None,
             "traceback": self.traceback,
             "explained_by": self.explained_by,
             "notes": self.notes,
@@ -148,12 +152,12 @@ class ExplainReport:
 
     @property
     def explained(self) -> bool:
-        """A root cause, or at least a cascade, was named."""
-        return any(d.role in ("root-cause", "cascade") for d in self.diagnoses)
+        """A root cause, a cascade or a hypothesis was named."""
+        return any(d.role in ("root-cause", "cascade", "hypothesis") for d in self.diagnoses)
 
     @property
     def exit_code(self) -> ExitCode:
-        """0 when a diagnosis names what happened (root cause or cascade); 1 otherwise."""
+        """0 when a diagnosis names what happened (root cause, cascade or hypothesis); 1 otherwise."""
         return ExitCode.OK if self.explained else ExitCode.FINDINGS
 
     def codes(self) -> list[str]:

@@ -13,8 +13,10 @@ from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 if TYPE_CHECKING:
     from .textout import Writer
 
-_ROLE_LABEL = {"root-cause": "Root cause", "cascade": "Cascade", "confirmation": "Confirmation", "advice": "Advice"}
-_ROLE_STYLE = {"root-cause": "bold red", "cascade": "yellow", "confirmation": "cyan", "advice": "dim"}
+_ROLE_LABEL = {"root-cause": "Root cause", "cascade": "Cascade", "confirmation": "Confirmation", "advice": "Advice",
+               "hypothesis": "Likely cause (hypothesis)"}
+_ROLE_STYLE = {"root-cause": "bold red", "cascade": "yellow", "confirmation": "cyan", "advice": "dim",
+               "hypothesis": "magenta"}
 TEXT_LINE = 300
 ALSO_UNEXPLAINED = 3
 """Unexplained error lines shown (tier 3 and up) under a named root cause."""
@@ -100,6 +102,8 @@ def write_text(report: ExplainReport, out: IO[str]) -> None:
             line.append((f", {d.count} line{'s' if d.count != 1 else ''}", ""))
             if d.explained_by:
                 line.append((f" (explained by {d.explained_by})", "dim"))
+            if d.role == "hypothesis":
+                line.append((f", confidence {d.confidence:.2f}", "dim"))
             w.line(line, indent=2)
             w.line(f"{_where(d.evidence[0])}  {_short(d.evidence[0].text, 160)}", indent=6, style="dim")
     if report.diagnoses and report.root_cause is None and report.unmatched_errors:
@@ -129,6 +133,8 @@ def _text_block(w: Writer, d: Diagnosis, report: ExplainReport) -> None:
             w.line(_short(line, 160), indent=4, style="dim")
     for note in d.notes:
         w.line(f"note: {note}", indent=2, style="dim")
+    if d.confirm:
+        w.labelled("check:", d.confirm, LABEL)
     w.labelled("fix:", d.fix, LABEL)
     w.labelled("more:", f"torchdoctor codes {d.code}", LABEL, style="dim")
 

@@ -215,7 +215,7 @@ class LineProcessor:
             for r in refs:
                 self._rank_host(r)
             self._add(matches, refs[0], norm.time, seq, tb)
-            if any(cand.signature.role.value != "advice" for cand, _ in matches):
+            if _explains(matches):
                 self._explains_neighbours(st, lineno, chain)
             return
         if in_frames or not (ids or closed is not None):
@@ -267,7 +267,7 @@ class LineProcessor:
         for item in [r for r in st.recent if r[0] == prev_line]:  # the line itself is explained now
             st.recent.remove(item)
             self.col.unmatched.withdraw(item[1])
-        if any(cand.signature.role.value != "advice" for cand, _ in found):
+        if _explains(found):
             self._explains_neighbours(st, prev_line, st.chain if tb else None)
 
     # -- a continuation without prefix, wrapped off a rank's line ------------------------------
@@ -294,7 +294,7 @@ class LineProcessor:
         self._add(matches, first, prev.time, (self.index, prev_line), tb, joined=cont)
         pst.pending = None
         self.prev = (key, lineno)  # the continuation belongs to that rank's stream
-        if any(cand.signature.role.value != "advice" for cand, _ in matches):
+        if _explains(matches):
             chain = pst.chain if tb else None
             self._explains_neighbours(pst, lineno, chain)
         return True
@@ -336,7 +336,7 @@ class LineProcessor:
         ref = LineRef(self.source.name, lineno, norm.clean, norm.rank, norm.host)
         self._rank_host(ref)
         self._add(matches, ref, norm.time, (self.index, lineno), tb, how="cut-traceback")
-        if any(cand.signature.role.value != "advice" for cand, _ in matches):
+        if _explains(matches):
             self._explains_neighbours(st, lineno, st.chain)
 
     def _explains_neighbours(self, st: StreamState, lineno: int, chain: int | None) -> None:
@@ -401,6 +401,11 @@ class LineProcessor:
             if st.pending is not None:
                 self._flush_cut(st, last=True)
         self.col.failures += self.summary.finish()
+
+
+def _explains(matches: Matches) -> bool:
+    """Whether a match explains the unmatched error lines around it (advice and symptoms do not)."""
+    return any(cand.signature.role.value not in ("advice", "symptom") for cand, _ in matches)
 
 
 def _in_context(matches: Matches, tb: tuple[str, ...]) -> Matches:

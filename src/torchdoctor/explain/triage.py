@@ -16,6 +16,13 @@ Rules, in order:
    at the same rank, and supplies ``first_failure`` when no signature matched.
 6. ``unmatched_errors``: without a root cause, the most relevant error lines no signature matched;
    with one, only those it does not explain (a second, independent failure stays visible).
+7. Symptoms become hypotheses (role ``hypothesis``), one per code, each with how to confirm it.
+   Symptoms of one family support each other: the family's best hypothesis gets
+   ``1 - prod(1 - c)`` over its codes, capped at :data:`~torchdoctor.signature.SYMPTOM_MAX`. With a
+   root cause they are listed after it; without one, hypotheses and cascades are ranked together,
+   a cascade weighing :data:`CASCADE_AS_ANSWER` of its confidence (it names where a failure
+   showed, not what caused it), so ``diagnoses[0]`` is the best hypothesis and its confidence
+   says how sure.
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..registry import Code, Hit
+from ..signature import SYMPTOM_MAX
 from .collect import Collector, Event, Group
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 from .normalize import RankFailure, signal_name
 
 WEAK = 0.5
-ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3}
+ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3, "symptom": 4}
+CASCADE_AS_ANSWER = 0.7
+"""Weight of a cascade's confidence when it competes with hypotheses for the lead (rule 7)."""
 SHOW_UNMATCHED = 8
 """Unmatched error lines reported, most relevant first (see :mod:`.relevance`)."""
 MAX_RANKS_REPORTED = 4096
@@ -127,6 +137,15 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
         d.notes.append("advice printed next to the failure: context, not a cause")
         diagnoses.append(d)
 
+    hypotheses = _hypotheses(by_role["symptom"], codes)
+    if root_diag is None and hypotheses:
+        lead = [d for d in diagnoses if d.role == "cascade"]
+        rest = [d for d in diagnoses if d.role != "cascade"]
+        ranked = sorted(lead + hypotheses, key=lambda d: -(d.confidence * (CASCADE_AS_ANSWER if d.role == "cascade" else 1)))
+        diagnoses = ranked + rest
+    else:
+        diagnoses += hypotheses
+
     failures = col.failures
     elastic_root = next((f for f in failures if f.root), None)
     if root_diag is not None and elastic_root is not None and elastic_root.rank == root_diag.rank:
@@ -157,6 +176,31 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     if col.ranks_dropped:
         report.notes.append(f"{col.ranks_dropped} events on ranks past the first {len(col.ranks)} are counted but not listed per rank")
     return report
+
+
+def _hypotheses(groups: list[Group], codes: dict[str, Code]) -> list[Diagnosis]:
+    """Symptom groups as hypotheses, strongest first; a family's symptoms support its best one."""
+    out: list[Diagnosis] = []
+    for g in groups:
+        d = _diagnosis(g, codes[g.code], g.first)
+        d.role = "hypothesis"
+        d.confirm = g.first.signature.confirm if g.first.signature is not None else ""
+        out.append(d)
+    by_family: dict[str, list[Diagnosis]] = {}
+    for d in out:
+        by_family.setdefault(d.family, []).append(d)
+    for family, ds in by_family.items():
+        if len(ds) < 2:
+            continue
+        best = max(ds, key=lambda d: d.confidence)
+        doubt = 1.0
+        for d in ds:
+            doubt *= 1 - d.confidence
+        best.confidence = min(SYMPTOM_MAX, 1 - doubt)
+        best.notes.append(f"{len(ds)} symptoms point at {family}: " + ", ".join(d.code for d in ds))
+    for d in out:
+        d.notes.append("a hypothesis from a symptom: the log does not prove it; check it before acting")
+    return sorted(out, key=lambda d: (-d.confidence, d.evidence[0].line if d.evidence else 0))
 
 
 def _rank_text(rank: int | None) -> str:

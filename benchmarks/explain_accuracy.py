@@ -1,6 +1,14 @@
-"""Held-out accuracy of `torchdoctor explain` on real failure reports its signature authors have not seen.
+"""Accuracy and calibration of `torchdoctor explain` on real failure reports, against a keyword grep.
 
-Corpus: ``tests/eval/reports/<family>/<short-id>.log``. Each file is a header of ``# `` lines closed
+Three sets of real reports from public threads (``--set``, default ``all``):
+
+* ``frozen``: ``tests/eval/world/frozen/``, the test half of the world set, split off before any
+  signature changed. **Only totals are ever printed for it** (per family, calibration, overall),
+  whatever the flags: nobody reads its misses one by one.
+* ``tune``: ``tests/eval/world/tune/``, the other half; signature authors read its misses.
+* ``old``: ``tests/eval/reports/``, the first held-out set (issue 4), since tuned to.
+
+Each file is a header of ``# `` lines closed
 by a line that is exactly ``# ---``, then the user's pasted log text, verbatim::
 
     # source: https://github.com/OWNER/REPO/issues/N (who posted the text)
@@ -17,12 +25,15 @@ For every report this runs ``torchdoctor.explain.explain(text)`` in-process and 
   report's fix keywords (case-insensitive);
 - where the expected family ranks, if anywhere, among all diagnoses.
 
-Then it prints a table (report, expected family, top code+family, hit/miss, fix hit), accuracy per
-family, the overall "right family first" and "fix named" rates (target in issue 4: 90%), and every
-miss with the top three diagnoses and their first evidence line (or the unmatched error lines when
-nothing matched). It is a measurement: the exit code is 0 whatever the accuracy.
+Then it prints, per set: a table (report, expected family, top code+family, hit/miss, fix hit;
+not for ``frozen``), accuracy per family, the overall "right family first" and "fix named" rates,
+the same rate for a one-minute keyword grep (:data:`GREP_RULES`), a calibration table (the top
+diagnosis' confidence bucket → how often it is right), and every miss with the top three
+diagnoses (not for ``frozen``). Last, the calibration over all held-out sets together: answers
+given with confidence >= 0.8 should be right >= 95% of the time. It is a measurement: the exit code
+is 0 whatever the accuracy.
 
-    python benchmarks/explain_accuracy.py [--json] [--reports DIR] [--family SLUG]
+    python benchmarks/explain_accuracy.py [--set all|frozen|tune|old] [--json] [--summary] [--family SLUG]
 """
 
 from __future__ import annotations
@@ -39,6 +50,30 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "tests" / "eval" / "reports"
+WORLD = REPO / "tests" / "eval" / "world"
+SETS = {"frozen": WORLD / "frozen", "tune": WORLD / "tune", "old": REPORTS}
+BUCKETS = ((0.0, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 1.01))
+GREP_RULES = (
+    # the one-minute grep a person would write from the failure families' usual texts: the first rule
+    # (in this order) whose pattern occurs anywhere in the report names its family
+    (r"unable to mmap|max_map_count", "shm-map-count"),
+    (r"Bus error|shared memory|/dev/shm|shm-size", "shm-exhausted"),
+    (r"Too many open files|ancdata", "fd-exhausted"),
+    (r"(?i)pickl|Can't get attribute|bootstrapping phase", "worker-pickling"),
+    (r"CUDA out of memory|out of memory", "cuda-oom"),
+    (r"(?i)NCCL", "nccl"),
+    (r"CUDA-capable|invalid device ordinal|NVIDIA driver|CUDA_VISIBLE_DEVICES", "gpu-unavailable"),
+    (r"Address already in use|EADDRINUSE", "dist-port"),
+    (r"Connection refused|timed out|Connection reset", "dist-connect"),
+    (r"expected, but not set|MASTER_ADDR|local_rank|WORLD_SIZE", "dist-env"),
+    (r"(?i)timeout|hang|stuck", "dist-hang"),
+    (r"mismatch|find_unused_parameters|different on each rank", "rank-divergence"),
+    (r"Killed|SIGKILL|can't allocate memory|-9", "host-oom"),
+    (r"DataLoader worker|Segmentation fault|segfault", "worker-crash"),
+    (r"No space left|Permission denied|No such file|zip archive|PytorchStreamReader", "checkpoint-io"),
+    (r"(?i)FileExistsError|corrupt|interleav", "concurrent-write"),
+    (r"(?i)OMP_NUM_THREADS|threads|slow", "thread-oversubscription"),
+)
 HEADER_END = "# ---"
 REQUIRED = ("source", "family", "settled-by")
 TARGET = 0.90
@@ -102,6 +137,10 @@ class Result:
     top3: list[Seen] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    confidence: float | None = None
+    """The top diagnosis' confidence (None: no diagnosis, an abstention)."""
+    grep_family: str | None = None
+    """What the keyword grep (:data:`GREP_RULES`) says."""
 
 
 def parse_report(path: Path) -> Report:
@@ -135,6 +174,13 @@ def fix_names_keyword(fix: str, keywords: list[str]) -> bool:
     return any(k.lower() in low for k in keywords)
 
 
+def grep_family(text: str) -> str | None:
+    for pattern, family in GREP_RULES:
+        if re.search(pattern, text):
+            return family
+    return None
+
+
 def evaluate(report: Report) -> Result:
     """Run the real engine on one report and judge the top diagnosis."""
     from torchdoctor.explain import explain
@@ -160,6 +206,8 @@ def evaluate(report: Report) -> Result:
         top3=[Seen(d.code, d.family, d.role, round(d.confidence, 2), _first_line(d)) for d in diags[:3]],
         unmatched=[u.ref.text.strip() for u in out.unmatched_errors[:3]],
         seconds=seconds,
+        confidence=round(top.confidence, 3) if top else None,
+        grep_family=grep_family(report.text),
     )
 
 
@@ -173,6 +221,8 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     n = len(results)
     return {
         "reports": n,
+        "grep_right_family": sum(r.grep_family == r.expected for r in results) / n if n else 0.0,
+        "calibration": calibration(results),
         "families": len(per),
         "right_family_first": sum(r.hit for r in results) / n if n else 0.0,
         "fix_named": sum(r.fix_named for r in results) / n if n else 0.0,
@@ -184,6 +234,18 @@ def summarize(results: list[Result]) -> dict[str, Any]:
             for fam, v in sorted(per.items())
         },
     }
+
+
+def calibration(results: list[Result]) -> list[dict[str, Any]]:
+    """Per confidence bucket of the top diagnosis: answers, right ones, accuracy; then abstentions."""
+    rows = []
+    for lo, hi in BUCKETS:
+        got = [r for r in results if r.confidence is not None and lo <= r.confidence < hi]
+        rows.append({"bucket": f"{lo:.1f}-{min(hi, 1.0):.1f}", "n": len(got), "right": sum(r.hit for r in got),
+                     "accuracy": sum(r.hit for r in got) / len(got) if got else None})
+    none = [r for r in results if r.confidence is None]
+    rows.append({"bucket": "no answer", "n": len(none), "right": 0, "accuracy": None})
+    return rows
 
 
 def run(root: Path = REPORTS, family: str | None = None) -> tuple[list[Result], dict[str, Any]]:
@@ -218,6 +280,8 @@ def render_text(results: list[Result], summary: dict[str, Any], details: bool = 
     out.append(f"right family first: {summary['right_family_first']:.1%} (target {summary['target']:.0%})")
     out.append(f"fix named:          {summary['fix_named']:.1%}")
     out.append(f"family anywhere:    {summary['family_anywhere']:.1%}   no diagnosis at all: {summary['no_diagnosis']}")
+    out.append(f"keyword grep:       {summary['grep_right_family']:.1%} right family (the baseline)")
+    out.append(render_calibration(summary["calibration"]))
     misses = [r for r in results if not r.hit] if details else []
     if misses:
         out.append("")
@@ -234,23 +298,62 @@ def render_text(results: list[Result], summary: dict[str, Any], details: bool = 
     return "\n".join(out)
 
 
+def render_calibration(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'confidence':<12} {'answers':>7} {'right':>6} {'accuracy':>9}"]
+    for row in rows:
+        acc = f"{row['accuracy']:.0%}" if row["accuracy"] is not None else "-"
+        out.append(f"{row['bucket']:<12} {row['n']:>7} {row['right']:>6} {acc:>9}")
+    return "\n".join(out)
+
+
+def is_frozen(root: Path) -> bool:
+    """The frozen half (or anything inside it): only totals may be shown."""
+    try:
+        root.resolve().relative_to(SETS["frozen"].resolve())
+    except ValueError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="machine-readable output")
-    ap.add_argument("--reports", type=Path, default=REPORTS, help="corpus root (default: tests/eval/reports)")
+    ap.add_argument("--set", choices=(*SETS, "all"), default=None,
+                    help="which corpus: frozen (totals only), tune, old, or all (default)")
+    ap.add_argument("--reports", type=Path, help="another corpus root (a frozen one still shows totals only)")
     ap.add_argument("--family", help="only the reports of this family")
     ap.add_argument("--summary", action="store_true",
                     help="only the per-family table and totals (what signature authors may look at)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
-    results, summary = run(args.reports, args.family)
-    if args.json:
-        doc: dict[str, Any] = {"summary": summary}
-        if not args.summary:
-            doc["results"] = [asdict(r) for r in results]
-        print(json.dumps(doc, indent=2))
+    if args.reports is not None:
+        roots = {str(args.reports): args.reports}
+    elif args.set in (None, "all"):
+        roots = {name: SETS[name] for name in ("frozen", "tune", "old")}
     else:
-        print(render_text(results, summary, details=not args.summary))
+        roots = {args.set: SETS[args.set]}
+    doc: dict[str, Any] = {}
+    everything: list[Result] = []
+    for name, root in roots.items():
+        results, summary = run(root, args.family)
+        everything += results
+        details = not args.summary and not is_frozen(root)
+        if args.json:
+            doc[name] = {"summary": summary, **({"results": [asdict(r) for r in results]} if details else {})}
+        else:
+            print(f"== {name}: {root.relative_to(REPO) if root.is_relative_to(REPO) else root}")
+            print(render_text(results, summary, details=details))
+            print()
+    overall = calibration(everything)
+    sure = overall[-2]
+    if args.json:
+        doc["calibration_all"] = overall
+        print(json.dumps(doc if len(roots) > 1 else doc[next(iter(roots))] | {"calibration_all": overall}, indent=2))
+    elif len(roots) > 1:
+        print(f"== calibration over {', '.join(roots)} ({len(everything)} reports)")
+        print(render_calibration(overall))
+        if sure["n"]:
+            print(f"answers with confidence >= 0.8: {sure['right']}/{sure['n']} right = {sure['accuracy']:.1%} (target >= 95%)")
     return 0
 
 

@@ -46,6 +46,10 @@ def _load_harness() -> ModuleType:
 
 H = _load_harness()
 REPORTS = H.load_reports()
+FROZEN = H.load_reports(H.SETS["frozen"])
+TUNE = H.load_reports(H.SETS["tune"])
+WORLD = FROZEN + TUNE
+EVERY = REPORTS + WORLD
 
 
 def thread_key(url: str) -> str | None:
@@ -80,7 +84,7 @@ def test_corpus_size_and_breadth() -> None:
     assert len(families) >= MIN_FAMILIES, f"only {len(families)} families covered: {sorted(families)}"
 
 
-@pytest.mark.parametrize("report", REPORTS, ids=lambda r: r.id)
+@pytest.mark.parametrize("report", EVERY, ids=lambda r: f"{r.path.parent.parent.name}/{r.id}")
 def test_report_is_well_formed(report) -> None:
     for key in H.REQUIRED:
         assert report.field(key), f"{report.path}: header lacks '# {key}:'"
@@ -93,7 +97,7 @@ def test_report_is_well_formed(report) -> None:
 
 def test_sources_are_unique() -> None:
     seen: dict[str, str] = {}
-    for r in REPORTS:
+    for r in EVERY:
         key = thread_key(r.source_url)
         assert key not in seen, f"{r.id} and {seen[key]} come from the same thread {key}"
         seen[key] = r.id
@@ -102,8 +106,33 @@ def test_sources_are_unique() -> None:
 def test_no_report_shares_a_thread_with_a_fixture() -> None:
     used = fixture_threads()
     assert used, "found no fixture URLs at all; is tests/fixtures where it should be?"
-    overlap = sorted(f"{r.id}: {r.source_url}" for r in REPORTS if thread_key(r.source_url) in used)
+    overlap = sorted(f"{r.id}: {r.source_url}" for r in EVERY if thread_key(r.source_url) in used)
     assert not overlap, "held-out reports must be unseen; these threads are already fixtures:\n" + "\n".join(overlap)
+
+
+def test_world_set_covers_every_family_in_both_halves() -> None:
+    assert len(WORLD) >= 150 and len(FROZEN) >= 75
+    assert {r.family for r in FROZEN} == {r.family for r in TUNE} == set(FAMILIES)
+
+
+def test_frozen_half_is_unchanged() -> None:
+    """The frozen half is pinned by its manifest: no file edited, added or removed since the split."""
+    import hashlib
+
+    root = H.SETS["frozen"]
+    pinned = dict(line.split("  ", 1)[::-1] for line in (root / "MANIFEST.sha256").read_text().splitlines() if line)
+    present = {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.glob("*/*.log")}
+    assert present == pinned
+
+
+def test_frozen_half_never_shows_a_report(tmp_path: Path) -> None:
+    """Whatever the flags, the harness prints only totals for the frozen half."""
+    for flags in ([], ["--json"]):
+        proc = subprocess.run([sys.executable, str(HARNESS), "--set", "frozen", "--family", "nccl", *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert not any(r.path.stem in proc.stdout for r in FROZEN)
+        assert "right family first" in proc.stdout or '"right_family_first"' in proc.stdout
 
 
 def test_thread_key_normalises() -> None:
@@ -144,7 +173,7 @@ def test_harness_judges_hits_and_misses(measured) -> None:
 
 
 def test_cli_json_exits_zero() -> None:
-    proc = subprocess.run([sys.executable, str(HARNESS), "--json", "--family", "cuda-oom"],
+    proc = subprocess.run([sys.executable, str(HARNESS), "--set", "old", "--json", "--family", "cuda-oom"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)

@@ -1,4 +1,4 @@
-"""The failure families of ``shared/failure-modes.md``: stable slugs, never renamed."""
+"""The 17 failure families: stable slugs, never renamed (every code belongs to exactly one)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ FRAME_TAIL = 4
 
 
 PLACEHOLDER = (r"(?:\.{3,}|…|[Xx]{2,}|\*{2,}|#{2,}|\?+|<[^<>\n]{1,40}>|\[[^\[\]\n]{1,40}\]|"
-               r"_{2,}|(?<![A-Za-z])N(?![A-Za-z]))")
+               r"_{2,}|(?<![A-Za-z])N(?![a-z]{3}))")
 """What people type where a value was: ``...``, ``…``, ``XXX``, ``***``, ``<ip>``, ``[redacted]``, ``N``. Not
 ``{name}``: that is a format string in source code, the template of the message, not the message."""
 _CUT_MARKS = re.compile(r"(?:\s*(?:\.{3,}|…|\[(?:truncated|cut)\]))+\s*$")
@@ -159,6 +159,11 @@ class Signature:
         return tuple(re.compile(e) for e in self.exclude)
 
     @cached_property
+    def _has_values(self) -> bool:
+        """Whether the pattern has values a placeholder could stand for (else its tolerant form is itself)."""
+        return tolerant(self.pattern) != self.pattern
+
+    @cached_property
     def tolerant_regex(self) -> regex.Pattern[str]:
         """:attr:`pattern` accepting placeholders for values (module doc); supports partial matches."""
         return regex.compile(tolerant(self.pattern))
@@ -174,10 +179,10 @@ class Signature:
         m = self.regex.search(line)
         if m is not None:
             return self._values(m)
-        t = self.tolerant_regex.search(line)
+        t = self.tolerant_regex.search(line) if self._has_values else None
         if t is not None and self._holds_trigger(t.group(0)):
             return self._values(t)
-        if cut or _CUT_MARKS.search(line):
+        if (cut or _CUT_MARKS.search(line)) and self.role is not Role.SYMPTOM:  # prose ends where it likes
             return self._cut_match(line)
         return None
 

@@ -16,6 +16,13 @@ from ..signature import Role, Signature
 _FIRST = ("Find the first rank that failed (torchrun's 'Root Cause (first observed failure)', the earliest "
           "traceback) and fix its own error; ")
 
+def _gap(n: int, *avoid: str) -> str:
+    """Up to ``n`` characters of one sentence holding none of ``avoid`` (regex fragments): a prose symptom's gap
+    cannot swallow its triggers, so a line the engine takes as cut short (a partial match must hold a trigger)
+    matches only once it reached the pattern's last part."""
+    return r"(?:(?!" + "|".join(avoid) + r")[^.\n]){0,%d}" % n
+
+
 TD450 = register(Code(
     code="TD450",
     name="dist-env-var-missing",
@@ -104,6 +111,18 @@ TD451 = register(Code(
             values={"port": "$MASTER_PORT"},
             confidence=0.8,
         ),
+        Signature(  # prose: "shows an error saying 'Address already in use'", "master_port is already used"
+            role=Role.SYMPTOM,
+            triggers=("already in use", "already used", "Already in use", "already taken", "already occupied"),
+            pattern=r"(?i)\b(?:address|port|master_port|master port)\b[^.\n]{0,40}?\b(?:is |was )?already "
+                    r"(?:in use|used|taken|occupied)",
+            exclude=(r"\[Errno 98\]", r"\] bind: Address already in use", r"(?i)tensorboard|jupyter|gradio|"
+                     r"streamlit|flask|uvicorn|http server"),
+            values={"port": "$MASTER_PORT"},
+            confidence=0.65,
+            confirm="On rank 0's host, `ss -ltnp 'sport = :PORT'` for MASTER_PORT (29500 by default) while the run "
+                    "starts: a listener there (often another training run) confirms it.",
+        ),
     ),
 ))
 
@@ -135,6 +154,13 @@ TD452 = register(Code(
         ),
     ),
 ))
+
+_CONNECT_CONFIRM = ("From every node, `nc -zv $MASTER_ADDR $MASTER_PORT` while rank 0 waits (and `ping`); a refused "
+                    "or hanging connection confirms it (a firewall, a wrong or 127.0.0.1 MASTER_ADDR). Also check that "
+                    "all WORLD_SIZE processes were started.")
+
+_NODES_CONFIRM = ("From each node, `nc -zv $MASTER_ADDR $MASTER_PORT` (the address must be rank 0's address that the "
+                  "other nodes reach, not localhost); with NCCL, `NCCL_DEBUG=INFO` shows the interface it picked.")
 
 TD453 = register(Code(
     code="TD453",
@@ -168,6 +194,63 @@ TD453 = register(Code(
             pattern=r"The client socket has failed to connect to \[?(?P<host>[^\]\s]+?)\]?:(?P<port>\d+) "
                     r"\((?:errno|system error): (?P<errno>\d+) - (?P<detail>[^)]+)\)",
             confidence=0.8,
+        ),
+        Signature(  # torch 1.x TCPStore client (init_process_group, torchrun's c10d/static rendezvous)
+            role=Role.ROOT_CAUSE,
+            triggers=("connect() timed out",),
+            pattern=r"connect\(\) timed out\. Original timeout was (?P<ms>\d+) ms",
+            values={"detail": "connect() timed out", "host": "MASTER_ADDR", "port": "MASTER_PORT"},
+            confidence=0.85,
+        ),
+        Signature(  # prose: "hangs at init_process_group", "stuck in init_process_group"
+            role=Role.SYMPTOM,
+            # prose signatures end with their triggers: a line cut short never matches on its first half
+            triggers=("init_process_group",),
+            pattern=r"(?i)\b(?:hangs?|hung|hanging|stuck|freez\w*|frozen|blocks|blocked|blocking|waits? forever|"
+                    r"never returns?|no response)\b.{0,80}\binit_process_group",
+            values={"detail": "no connection (the rendezvous never completed)", "host": "MASTER_ADDR",
+                    "port": "MASTER_PORT"},
+            confidence=0.6,
+            confirm=_CONNECT_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("hang", "Hang", "hung", "Hung", "stuck", "Stuck", "freez", "Freez", "frozen", "Frozen", "deadlock", "Deadlock", "block", "Block", "forever", "never return"),
+            pattern=r"(?i)\binit_process_group\b" + _gap(80, "(?i:hang|hung|stuck|freez|frozen|deadlock|block|work|connect|time ?out|timed out)") + r"\b(?:hangs?|hung|hanging|stuck|freez\w*|frozen|block\w*|"
+                    r"waits? forever|never returns?)\b",
+            values={"detail": "no connection (the rendezvous never completed)", "host": "MASTER_ADDR",
+                    "port": "MASTER_PORT"},
+            confidence=0.6,
+            confirm=_CONNECT_CONFIRM,
+        ),
+        Signature(  # prose: "does not work for two nodes", "multi node training stuck", "hangs on multiple nodes"
+            role=Role.SYMPTOM,
+            triggers=("node", "Node", "machine", "Machine", "host", "instance"),
+            pattern=r"(?i)\b(?:hangs?|hung|hanging|stuck|freez\w*|frozen|does(?:n't| not) work|not working|cannot "
+                    r"connect|can't connect)\b" + _gap(40, "(?i:node|machine|host|instance)") + r"\b(?:on|for|with|across|between|in) (?:multi[- ]?(?:node|"
+                    r"machine)s?|(?:multiple|several|two|2|different) (?:nodes|machines|hosts|instances))\b",
+            values={"detail": "no connection between the nodes", "host": "MASTER_ADDR", "port": "MASTER_PORT"},
+            confidence=0.55,
+            confirm=_NODES_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("hang", "Hang", "hung", "Hung", "stuck", "Stuck", "freez", "Freez", "frozen", "Frozen", "deadlock", "Deadlock", "block", "Block", "forever", "never return", "work", "connect", "time out", "timed out", "timeout"),
+            pattern=r"(?i)\b(?:multi[- ]?(?:node|machine|host)s?|(?:multiple|several|two|2|different|other) "
+                    r"(?:nodes|machines|hosts|instances))\b" + _gap(60, "(?i:hang|hung|stuck|freez|frozen|deadlock|block|work|connect|time ?out|timed out)") + r"\b(?:hangs?|hung|hanging|stuck|freez\w*|"
+                    r"frozen|does(?:n't| not) work|not working|cannot connect|can't connect|timed? ?out)\b",
+            values={"detail": "no connection between the nodes", "host": "MASTER_ADDR", "port": "MASTER_PORT"},
+            confidence=0.55,
+            confirm=_NODES_CONFIRM,
+        ),
+        Signature(  # "I run in two docker containers": ranks behind Docker's network isolation
+            role=Role.SYMPTOM,
+            triggers=("container",),
+            pattern=r"(?i)\b(?:two|2|multiple|several|separate|different) (?:docker )?containers?\b",
+            values={"detail": "containers that cannot reach each other", "host": "MASTER_ADDR", "port": "MASTER_PORT"},
+            confidence=0.45,
+            confirm="Run the containers with `--network=host` (or publish the rendezvous and backend ports): if the "
+                    "job then starts, the network isolation was the cause.",
         ),
     ),
 ))
@@ -205,6 +288,9 @@ TD454 = register(Code(
     ),
 ))
 
+_HANG_CONFIRM = ("`py-spy dump --pid PID` on every rank while it hangs: ranks waiting in different collectives (or "
+                 "one rank elsewhere) confirm it; `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatch.")
+
 TD455 = register(Code(
     code="TD455",
     name="gloo-collective-timeout",
@@ -216,7 +302,9 @@ TD455 = register(Code(
             "not reach the same collective in time (hung, slower, took another code path, or died).",
     fix=_FIRST + "if no rank failed, find the one that hangs (`py-spy dump --pid PID` on each rank), look for "
         "rank-dependent code paths around the collective, and run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` or "
-        "`dist.monitored_barrier()` to name the missing rank.",
+        "`dist.monitored_barrier()` to name the missing rank. When one rank is only slow (preprocessing or "
+        "tokenizing on rank 0, saving a large checkpoint), raise the timeout: "
+        "`init_process_group(timeout=timedelta(hours=2))`, Hugging Face `--ddp_timeout`.",
     meaning="Every rank must call the same collectives in the same order; the ones that arrive wait for the others "
             "up to the process group's timeout.",
     why="A rank stuck in I/O or a deadlock, a rank-dependent branch skipping a collective, a much slower rank, or a "
@@ -230,9 +318,55 @@ TD455 = register(Code(
             pattern=r"Timed out waiting (?P<ms>\d+)ms for (?P<op>recv|send) operation to complete",
             confidence=0.8,
         ),
+        Signature(  # prose: "with DDP the script gets frozen", "the all_reduce hangs"
+            role=Role.SYMPTOM,
+            triggers=("hang", "Hang", "hung", "Hung", "stuck", "Stuck", "freez", "Freez", "frozen", "Frozen", "deadlock", "Deadlock", "block", "Block", "forever", "never return"),
+            pattern=r"(?i)\b(?:ddp|distributed\w*|nccl|all_?reduce|all_?gather|broadcasts?|barrier|collectives?|"
+                    r"multi[- ]?gpus?|multiple gpus)\b" + _gap(80, "(?i:hang|hung|stuck|freez|frozen|deadlock|block|work|connect|time ?out|timed out)") + r"\b(?:hangs?|hung|hanging|stuck|freez\w*|frozen|"
+                    r"deadlock\w*)\b",
+            exclude=(r"init_process_group", r"(?i)\bnum_workers\b|dataloader"),
+            values={"ms": "?", "op": "collective"},
+            confidence=0.5,
+            confirm=_HANG_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("DDP", "ddp", "istributed", "NCCL", "nccl", "all_reduce", "allreduce", "all_gather", "broadcast",
+                      "barrier", "multi-GPU", "multi GPU", "multi-gpu", "multi gpu", "multiGPU", "multiple GPUs"),
+            pattern=r"(?i)\b(?:hangs?|hung|hanging|stuck|freez\w*|frozen|deadlock\w*)\b" + _gap(60, "(?i:ddp|distributed|nccl|all_?reduce|all_?gather|broadcast|barrier|multi|gpu)") + r"\b(?:ddp|"
+                    r"distributed\w*|nccl|all_?reduce|all_?gather|broadcasts?|barrier|multi[- ]?gpus?|multiple gpus)\b",
+            exclude=(r"init_process_group", r"(?i)\bnum_workers\b|dataloader"),
+            values={"ms": "?", "op": "collective"},
+            confidence=0.5,
+            confirm=_HANG_CONFIRM,
+        ),
+        Signature(  # prose: "evaluation on the validation set gets stuck" (in a distributed run)
+            role=Role.SYMPTOM,
+            triggers=("stuck", "Stuck", "hang", "Hang", "hung", "freez", "Freez", "frozen", "Frozen"),
+            pattern=r"(?i)\b(?:evaluat\w*|validat\w*)\b" + _gap(40, "(?i:hang|hung|stuck|freez|frozen|deadlock|block|work|connect|time ?out|timed out)") + r"\b(?:stuck|hangs?|hung|hanging|freez\w*|frozen)\b",
+            exclude=(r"(?i)\bnum_workers\b|dataloader",),
+            values={"ms": "?", "op": "collective"},
+            confidence=0.4,
+            confirm="If evaluation runs on some ranks only (`if rank == 0: evaluate(ddp_model)`), the DDP wrapper's "
+                    "collectives wait for the others: evaluate with `model.module` or on every rank; `py-spy dump` of "
+                    "each rank confirms where they wait.",
+        ),
+        Signature(  # prose: "after 30 minutes it reports a timeout" (the default collective timeout)
+            role=Role.SYMPTOM,
+            triggers=("timeout", "Timeout", "time out", "timed out", "Timed out", "超时"),
+            pattern=r"(?i)(?:\b30 ?min\w*|30 ?分钟|\b1800 ?(?:s\b|sec\w*)|\b1800000 ?ms)" + _gap(40, "(?i:time ?out|timed out)") + r"(?:time ?out|timed out|"
+                    r"超时)",
+            values={"ms": "1800000", "op": "collective"},
+            confidence=0.5,
+            confirm="The default collective timeout is 30 minutes: if one rank was busy that long (preprocessing, "
+                    "tokenizing, saving) while the others waited, raising the timeout confirms it.",
+        ),
     ),
 ))
 
+_SHAPES_CONFIRM = ("Print the tensor's shape on every rank before the call, or run with "
+                   "`TORCH_DISTRIBUTED_DEBUG=DETAIL`: different shapes confirm it (gather the sizes first, pad to the "
+                   "largest, then trim).")
 _FINGERPRINT = r"CollectiveFingerPrint\((?:SequenceNumber=\d+,? ?)?OpType="
 
 TD456 = register(Code(
@@ -264,6 +398,26 @@ TD456 = register(Code(
                     r"(?:.*Collectives differ in the following aspects:\s*(?P<aspects>.*?)\s*$)?)?",
             values={"aspects": "see the fingerprints", "other": "?", "other_op": "another collective"},
             confidence=0.95,
+        ),
+        Signature(  # prose: "all_gather of variable-length tensors blocks"
+            role=Role.SYMPTOM,
+            triggers=("all_gather",),
+            pattern=r"(?i)\b(?:variable|different|varying|uneven|unequal|dynamic)[- ](?:length|size|shape)s?\b"
+                    + _gap(80, "all_gather") + r"\ball_gather",
+            values={"rank": "?", "op": "all_gather", "aspects": "tensor shapes", "other": "?",
+                    "other_op": "all_gather with another shape"},
+            confidence=0.6,
+            confirm=_SHAPES_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("length", "Length", "size", "Size", "shape", "Shape"),
+            pattern=r"(?i)\ball_gather\w*\b" + _gap(80, "(?i:length|size|shape)") + r"\b(?:variable|different|varying|uneven|unequal|dynamic)[- ]"
+                    r"(?:length|size|shape)s?\b",
+            values={"rank": "?", "op": "all_gather", "aspects": "tensor shapes", "other": "?",
+                    "other_op": "all_gather with another shape"},
+            confidence=0.6,
+            confirm=_SHAPES_CONFIRM,
         ),
     ),
 ))
@@ -360,6 +514,152 @@ TD459 = register(Code(
             triggers=(": -9 (pid: ",),
             pattern=r"exitcode\s*: -9 \(pid: (?P<pid>\d+)\)",
             confidence=0.6,
+        ),
+    ),
+))
+
+TD463 = register(Code(
+    code="TD463",
+    name="default-group-not-initialized",
+    family="dist-env",
+    severity=Severity.ERROR,
+    area="distributed",
+    title="a distributed call ran before init_process_group (often a single-GPU run of multi-GPU code)",
+    message="A torch.distributed call (get_rank, barrier, all_reduce, SyncBatchNorm...) ran in a process with no "
+            "default process group: init_process_group was never called here.",
+    fix="Single GPU or no launcher: turn the distributed pieces off: SyncBatchNorm back to BatchNorm "
+        "(`norm_cfg=dict(type='BN')`, `nn.SyncBatchNorm` → `nn.BatchNorm2d`), guard calls with "
+        "`if dist.is_available() and dist.is_initialized():`, or start a one-process group "
+        "(`dist.init_process_group('gloo', init_method='tcp://127.0.0.1:29500', rank=0, world_size=1)`). Several "
+        "GPUs: start with the project's launcher (`torchrun --nproc-per-node=N ...`, `--launcher pytorch`) so that "
+        "init_process_group runs before the model does.",
+    meaning="Every collective and query of torch.distributed uses the default process group that "
+            "init_process_group creates; without it they raise at once (older torch: `AssertionError: Default process "
+            "group is not initialized`).",
+    why="Code written for distributed training run on one GPU without its launcher (SyncBatchNorm layers, "
+        "`dist.get_world_size()` in a loss or logger), a `--launcher none` run of a config that still uses SyncBN, "
+        "or init_process_group called after the first distributed call.",
+    false_positives="None known.",
+    related=("TD450", "TD464"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Default process group has not been initialized", "Default process group is not initialized"),
+            pattern=r"Default process group (?:has not been|is not) initialized",
+            confidence=0.85,
+        ),
+    ),
+))
+
+TD464 = register(Code(
+    code="TD464",
+    name="nccl-not-built",
+    family="dist-env",
+    severity=Severity.ERROR,
+    area="distributed",
+    title="the nccl backend was requested from a torch build without NCCL (Windows, macOS, CPU-only)",
+    message="init_process_group asked for the nccl backend, but this torch build has no NCCL: Windows and macOS "
+            "builds, and CPU-only builds, never include it.",
+    fix="On Windows or macOS use the gloo backend (`init_process_group(backend='gloo')`; with Lightning "
+        "`strategy=DDPStrategy(process_group_backend='gloo')`), or train on a single GPU without a process group "
+        "(the project's single-GPU script, no launcher); for NCCL use Linux with a CUDA build of torch "
+        "(`python -c 'import torch; print(torch.cuda.nccl.version())'`).",
+    meaning="torch.distributed checks `is_nccl_available()` when the nccl backend is requested and raises this "
+            "RuntimeError when the library was not compiled in.",
+    why="Multi-GPU (or DDP-by-default) training scripts run on Windows, a CPU-only wheel installed by mistake.",
+    false_positives="None known.",
+    related=("TD463", "TD450"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("doesn't have NCCL", "does not have NCCL"),
+            pattern=r"Distributed package (?:doesn't|does not) have NCCL (?:built|bulit) in",
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD465 = register(Code(
+    code="TD465",
+    name="launch-local-rank-argument",
+    family="dist-env",
+    severity=Severity.ERROR,
+    area="distributed",
+    title="the script's argument parser rejected the --local_rank / --local-rank that torch.distributed.launch adds",
+    message="The training script's argparse rejected `{arg}`, which torch.distributed.launch appends to every "
+            "worker's command line.",
+    fix="Launch with `torchrun` (it passes LOCAL_RANK in the environment instead) and read "
+        "`int(os.environ['LOCAL_RANK'])`; or accept both spellings in the script: "
+        "`parser.add_argument('--local-rank', '--local_rank', type=int, default=0)`.",
+    meaning="torch.distributed.launch adds `--local_rank=N` (torch >= 2.0: `--local-rank=N`) to the script's "
+            "arguments unless `--use-env` is given; a parser that does not declare that spelling exits with "
+            "`error: unrecognized arguments` (exit code 2) on every rank.",
+    why="A script written for torchrun started with `python -m torch.distributed.launch`, or a script declaring "
+        "`--local_rank` run with torch 2.x's launcher, which passes `--local-rank`.",
+    false_positives="None known.",
+    related=("TD450",),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("unrecognized arguments: --local",),
+            pattern=r"error: unrecognized arguments:(?: \S+)*? (?P<arg>--local[-_]rank(?:=\d+)?)",
+            confidence=0.9,
+        ),
+    ),
+))
+
+TD466 = register(Code(
+    code="TD466",
+    name="rank-state-diverged",
+    family="rank-divergence",
+    severity=Severity.WARNING,
+    area="distributed",
+    title="ranks that should hold the same state do not (parameters, losses, seeds, skipped steps)",
+    message="The ranks' state diverged ({what}): a rank-dependent choice (a seed, a skipped step, a condition on "
+            "local data) made some ranks differ from the others.",
+    fix="Make every rank take the same decisions: seed every rank identically before building the model "
+        "(`torch.manual_seed(seed)`; per-rank seeds only for data augmentation), broadcast values chosen on one "
+        "rank (`dist.broadcast_object_list`), and decide skips or early stops on all ranks together "
+        "(`dist.all_reduce` a flag) instead of returning None or breaking on one rank.",
+    meaning="DDP keeps replicas identical only while every rank runs the same steps on the same parameters; a rank "
+            "that skips a backward or starts from another seed drifts apart, and a rank that issues fewer "
+            "collectives leaves the others waiting.",
+    why="Random seeds drawn per process and restored from rank 0's checkpoint, `return None` from a training step "
+        "on some ranks (NaN losses), conditions on per-rank data.",
+    false_positives="Losses and metrics computed on each rank's own data shard differ by design; parameters must not.",
+    related=("TD456", "TD455"),
+    signatures=(
+        Signature(  # prose: "parameters differ across ranks", "loss is different on every GPU"
+            role=Role.SYMPTOM,
+            triggers=("rank", "Rank", "GPU", "gpu", "process", "Process", "device", "worker", "node", "DDP", "ddp", "istributed"),
+            pattern=r"(?i)\b(?:weights?|parameters?|params|gradients?|models?|seeds?|states?|buffers?|loss(?:es)?)\b"
+                    + _gap(40, "(?i:rank|gpu|process|device|worker|node|ddp|distributed)") + r"\b(?:differ\w*|not the same|not identical|inconsistent|mismatch\w*|"
+                    r"diverg\w*|out of sync)\b" + _gap(40, "(?i:rank|gpu|process|device|worker|node|ddp|distributed)") + r"\b(?:across|between|on (?:each|every|different|all)|per|among|for "
+                    r"(?:each|every))\s+(?:the\s+)?(?:ranks?|gpus?|process(?:es)?|devices?|workers?|nodes?)\b",
+            values={"what": "the report says they differ between ranks"},
+            confidence=0.6,
+            confirm="Compare a checksum on every rank (`print(dist.get_rank(), sum(p.sum().item() for p in "
+                    "model.parameters()))`) after the same step: different numbers confirm it.",
+        ),
+        Signature(  # prose: "each DDP process gets a different random seed"
+            role=Role.SYMPTOM,
+            triggers=("seed",),
+            pattern=r"(?i)\b(?:each|every|per)[- ](?:ddp\s+)?(?:process|rank|gpu|worker|node)\b" + _gap(60, "(?i:seed)") + r"\bdifferent\s+"
+                    r"(?:random\s+)?seeds?",
+            values={"what": "each process drew its own seed"},
+            confidence=0.5,
+            confirm="Log the seed (or `torch.initial_seed()`) on every rank: different values confirm it.",
+        ),
+        Signature(  # prose: "returning None from training_step with multi-GPU DDP freezes", "skip the batch on one rank"
+            role=Role.SYMPTOM,
+            triggers=("rank", "Rank", "GPU", "gpu", "process", "Process", "device", "worker", "node", "DDP", "ddp", "istributed"),
+            pattern=r"(?i)\b(?:return(?:s|ing|ed)?\s+None|skip(?:s|ping|ped)?\s+(?:the\s+|a\s+|this\s+|some\s+)?"
+                    r"(?:training\s+)?(?:steps?|batch(?:es)?|iterations?|backward))\b" + _gap(80, "(?i:rank|gpu|process|device|worker|node|ddp|distributed)") + r"\b(?:ddp|multi[- ]?gpus?|"
+                    r"multiple gpus|distributed|ranks?)\b",
+            values={"what": "a step skipped on some ranks only"},
+            confidence=0.55,
+            confirm="Log on every rank whether it skipped the step: a skip on some ranks only (the others then wait in "
+                    "backward's all-reduce) confirms it.",
         ),
     ),
 ))

@@ -53,7 +53,7 @@ TD350 = register(Code(
         Signature(  # torch >= 2.1: "GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is free. Process ..."
             role=Role.ROOT_CAUSE,
             triggers=("CUDA out of memory",),
-            pattern=rf"CUDA out of memory\. Tried to allocate (?P<requested>{SIZE})\. GPU (?P<gpu>\d+) has a total "
+            pattern=rf"CUDA out of memory\. Tried to allocate (?P<requested>{SIZE})\. GPU (?:(?P<gpu>\d+) )? ?has a total "
                     rf"capac(?:i)?ty of (?P<total>{SIZE}) of which (?P<free>{SIZE}) is free\."
                     rf"(?: Process (?P<other_pid>\d+) has (?P<other_used>{SIZE}) memory in use\.)?"
                     rf"(?:(?: Process \d+ has {SIZE} memory in use\.)* Including non-PyTorch memory, this process "
@@ -83,8 +83,9 @@ TD351 = register(Code(
         Signature(
             role=Role.ROOT_CAUSE,
             triggers=("out of memory", "OUT_OF_MEMORY"),
+            # THC (torch < 1.5) printed "THCudaCheck FAIL file=<file> line=<n> error=2 : out of memory"
             pattern=r"(?P<error>CUDA error: out of memory|cuda runtime error \(2\) : out of memory|"
-                    r"CUDA_ERROR_OUT_OF_MEMORY)",
+                    r"CUDA_ERROR_OUT_OF_MEMORY|THCudaCheck FAIL file=\S+ line=\d+ error=2 : out of memory)",
             confidence=0.85,
         ),
     ),
@@ -250,7 +251,8 @@ TD358 = register(Code(
 TD359 = register(Code(
     code="TD359", name="cuda-no-gpus-visible", family="gpu-unavailable", severity=Severity.ERROR, area="gpu",
     title="CUDA sees no GPU (CUDA_VISIBLE_DEVICES hides them or the job got none)",
-    message="CUDA initialised but found no usable GPU ('No CUDA GPUs are available').",
+    message="CUDA initialised but found no usable GPU ('No CUDA GPUs are available' or 'no CUDA-capable device is "
+            "detected').",
     fix="Check what the process sees: `echo $CUDA_VISIBLE_DEVICES` and `nvidia-smi -L`. Set CUDA_VISIBLE_DEVICES to "
         "GPUs that exist on this machine (e.g. `0` on a single-GPU box, not an index copied from a multi-GPU "
         "script), before the process starts; under Slurm request GPUs for the job.",
@@ -265,6 +267,13 @@ TD359 = register(Code(
             triggers=("No CUDA GPUs are available",),
             pattern=r"No CUDA GPUs are available",
             confidence=0.9,
+        ),
+        Signature(  # cudaErrorNoDevice: 38 up to CUDA 10.2 ("cuda runtime error (38)", THC's "error=38 :"), 100 since
+            role=Role.ROOT_CAUSE,
+            triggers=("no CUDA-capable device is detected",),
+            pattern=r"(?:cuda runtime error \(\d+\) : |error=\d+ : |CUDA error(?: \(\d+\))?: )"
+                    r"no CUDA-capable device is detected",
+            confidence=0.85,
         ),
     ),
 ))
@@ -392,6 +401,56 @@ TD364 = register(Code(
             pattern=r"Compile with `?TORCH_USE_CUDA_DSA`? to enable device-side assertions",
             confidence=0.3,
             values={"hint": "compile with TORCH_USE_CUDA_DSA for device-side assertions"},
+        ),
+    ),
+))
+
+
+_GPU0 = r"(?:GPU[- ]?:?0|cuda:0|(?:the )?first GPU)"
+_GPU0_CONFIRM = ("Run `nvidia-smi` during training: the same PIDs listed under GPU 0 and under their own GPU confirm it; "
+                 "then look for `torch.load` without `map_location` and CUDA use before `set_device`.")
+
+TD365 = register(Code(
+    code="TD365", name="gpu0-memory-from-other-ranks", family="cuda-oom", severity=Severity.WARNING, area="gpu",
+    title="every rank puts memory on GPU 0 (reported as GPU 0 using more memory than the others)",
+    message="GPU 0 holds more memory than the other GPUs: other ranks most likely create CUDA contexts or tensors on "
+            "GPU 0 as well as on their own GPU, which runs GPU 0 out of memory first.",
+    fix="Pin each process to its own GPU before any CUDA work: `torch.cuda.set_device(local_rank)` with "
+        "`local_rank = int(os.environ['LOCAL_RANK'])`, and `DDP(model, device_ids=[local_rank])`. Load checkpoints "
+        "with `torch.load(path, map_location=torch.device('cuda', local_rank))` (or `map_location='cpu'`): without "
+        "map_location every rank restores the tensors onto the GPU they were saved from, usually GPU 0. Avoid "
+        "bare `.cuda()` / `'cuda'` / `torch.cuda.empty_cache()` before `set_device`. `nvidia-smi` lists the "
+        "processes holding memory on GPU 0.",
+    meaning="A CUDA context costs a few hundred MB per process and device; a process that touches GPU 0 (the default "
+            "device) keeps a context and its cached blocks there for its lifetime.",
+    why="`torch.load` of a checkpoint saved from cuda:0 without map_location, tensors created with the default "
+        "device before `set_device`, or DataParallel (which gathers outputs on GPU 0) instead of DDP.",
+    false_positives="Rank 0 legitimately doing extra work (evaluation, logging, a larger batch) also uses more "
+                    "memory; then every process appears once in nvidia-smi's list for GPU 0.",
+    related=("TD350", "TD488", "TD356"),
+    # Prose. Each signature's triggers are its *last* words: a line cut inside the pattern must reach them.
+    signatures=(
+        Signature(
+            role=Role.SYMPTOM, triggers=("memory", "Memory"),
+            pattern=rf"(?i){_GPU0}\b[^.\n]{{0,60}}\b(?:more|higher|larger|extra|additional)\b[^.\n]{{0,25}}\bmemory\b",
+            confidence=0.6, confirm=_GPU0_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM, triggers=("higher", "more", "larger", "Higher", "More", "Larger"),
+            pattern=rf"(?i)\bmemory (?:usage |use )?(?:of|on|in) {_GPU0}\b[^.\n]{{0,40}}\b(?:higher|more|larger)\b",
+            confidence=0.6, confirm=_GPU0_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("GPU0", "GPU 0", "gpu0", "gpu 0", "GPU:0", "gpu:0", "GPU-0", "cuda:0", "first GPU", "first gpu"),
+            pattern=rf"(?i)\b(?:each|every|all|other) (?:DDP )?(?:process|rank)(?:es|s)?\b[^.\n]{{0,40}}"
+                    rf"\b(?:memory|allocat\w*)\b[^.\n]{{0,30}}\b(?:on|of|in) {_GPU0}",
+            confidence=0.6, confirm=_GPU0_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM, triggers=("unbalance", "imbalance", "Unbalance", "Imbalance"),
+            pattern=r"(?i)\b(?:GPU|memory)\b[^.\n]{0,25}\b(?:unbalanced|imbalanced|unbalance|imbalance)\b",
+            confidence=0.5, confirm=_GPU0_CONFIRM,
         ),
     ),
 ))

@@ -140,8 +140,20 @@ TD153 = register(Code(
         Signature(
             role=Role.ROOT_CAUSE,
             triggers=("[Errno 24]",),
-            pattern=r"\[Errno 24\] Too many open files",
+            pattern=r"\[Errno 24\] Too many (?:open files|files open)",
             confidence=0.85,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("too many open files", "Too many open files", "Too Many Open Files", "too many files open",
+                      "Too many files open", "TOO MANY OPEN FILES"),
+            pattern=r"(?i)too many (?:open files|files open)",
+            exclude=(r"\[Errno 2[34]\]", r"Communication with the workers", r"unable to open shared memory object",
+                     r"\(24\)", r"in system"),
+            confidence=0.6,
+            confirm="Compare `ulimit -n` with `ls /proc/PID/fd | wc -l` for the training process (or "
+                    "`cat /proc/PID/limits`); the error going away after `ulimit -n $(ulimit -Hn)` or with "
+                    "`torch.multiprocessing.set_sharing_strategy('file_system')` confirms it.",
         ),
     ),
 ))
@@ -234,6 +246,20 @@ TD156 = register(Code(
             values={"how": "grow",
                     "wording": "`unable to write to file`, old torch without the errno: almost always ENOSPC"},
         ),
+        Signature(
+            # Python's own ENOSPC raised while creating a semaphore or a shared segment: those live in /dev/shm
+            # (a DataLoader's queues, torch.multiprocessing, multiprocessing.Array/heap). The frames tell.
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 28]",),
+            pattern=r"\[Errno 28\] No space left on device",
+            context=("_multiprocessing.SemLock", "multiprocessing/synchronize.py", "multiprocessing\\synchronize.py",
+                     "/dev/shm", "multiprocessing/heap.py", "multiprocessing/shared_memory.py",
+                     "torch/multiprocessing/", "share_memory_"),
+            confidence=0.75,
+            values={"how": "create", "segment": "a semaphore or segment in /dev/shm",
+                    "wording": "`OSError: [Errno 28] No space left on device` raised in multiprocessing's "
+                               "semaphore / shared-memory code"},
+        ),
     ),
 ))
 
@@ -271,6 +297,79 @@ TD157 = register(Code(
             pattern=r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: Bus error",
             confidence=0.85,
             values={"how": "the main process saw the worker die of 'Bus error'"},
+        ),
+    ),
+))
+
+_NUM_WORKERS = ("num_worker", "num-worker", "NUM_WORKER", "Num_worker", "num_Worker")
+_SHM_CONFIRM = ("Run `df -h /dev/shm` inside the container or job (64M is Docker's default) and look above the error for "
+                "'Bus error' or 'insufficient shared memory (shm)'; the error going away with `--shm-size=8g` / "
+                "`--ipc=host` (or with `num_workers=0`) confirms it.")
+
+TD158 = register(Code(
+    code="TD158",
+    name="shm-too-small-suspected",
+    family="shm-exhausted",
+    severity=Severity.ERROR,
+    area="shm",
+    title="DataLoader workers fail or stall, most likely because /dev/shm is too small (a hypothesis)",
+    message="The log describes DataLoader workers that died, hung or failed ({how}) without an error naming the cause. "
+            "The most common cause, especially in Docker or Kubernetes, is a /dev/shm too small for the batches the "
+            "workers hand over: containers get 64 MiB unless told otherwise.",
+    fix=_SHM_FIX + " To test the hypothesis quickly, run once with `num_workers=0`: nothing goes through /dev/shm then.",
+    meaning="Workers build every batch in a shared-memory segment in /dev/shm and pass it to the main process. When the "
+            "tmpfs is full a worker dies of SIGBUS or fails to allocate, and the main process only reports that the "
+            "worker 'exited unexpectedly' (or waits until a timeout). PyTorch's README and its bus-error message both "
+            "point at the container's shared memory size.",
+    why="Docker's default `--shm-size` of 64 MiB, Kubernetes pods without a memory-backed emptyDir at /dev/shm, "
+        "managed platforms that run user containers with a small or no /dev/shm.",
+    false_positives="Workers also die of the OOM killer (host memory), of crashes in native code, or of errors in "
+                    "dataset code; this is a hypothesis until /dev/shm is checked.",
+    related=("TD156", "TD157", "TD564", "TD273"),
+    signatures=(
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("exited unexpectedly",),
+            pattern=r"(?i)DataLoader worker \(pid.{0,40}\) exited unexpectedly",
+            confidence=0.45,
+            values={"how": "'exited unexpectedly'"},
+            confirm=_SHM_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("Bus error", "bus error", "Bus Error", "SIGBUS"),
+            pattern=r"(?i)\b(?:bus error|sigbus)\b",
+            confidence=0.55,
+            values={"how": "a bus error"},
+            confirm=_SHM_CONFIRM,
+        ),
+        # Two-part prose: each signature's triggers are the part its pattern ends with, so a line cut short
+        # (Signature.match's cut form) never matches on its first part alone.
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=_NUM_WORKERS,
+            pattern=r"(?i)\b(?:docker|containers?|kubernetes|k8s)\b.{0,100}\bnum[_-]?workers?\b",
+            confidence=0.55,
+            values={"how": "in a container, with num_workers > 0"},
+            confirm=_SHM_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("docker", "Docker", "DOCKER", "container", "Container", "kubernetes", "Kubernetes", "k8s"),
+            pattern=r"(?i)\bnum[_-]?workers?\b.{0,100}\b(?:docker|containers?|kubernetes|k8s)\b",
+            confidence=0.55,
+            values={"how": "in a container, with num_workers > 0"},
+            confirm=_SHM_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("shared memory", "Shared memory", "Shared Memory", "shared-memory", "/dev/shm", "shm-size",
+                      "shm_size", "--ipc"),
+            pattern=r"(?i)shared[ -]memory|/dev/shm|shm[-_]size|--ipc[= ]host",
+            exclude=(r"unable to open shared memory object", r"unable to mmap", r"Too many open files"),
+            confidence=0.5,
+            values={"how": "shared memory is mentioned"},
+            confirm=_SHM_CONFIRM,
         ),
     ),
 ))

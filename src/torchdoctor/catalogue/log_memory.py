@@ -59,6 +59,15 @@ TD270 = register(Code(
                                 "'%dGB')"},
             confidence=0.95,
         ),
+        Signature(
+            # torch 1.0-1.4: c10's alloc_cpu checked posix_memalign with CAFFE_ENFORCE_EQ; "12 vs 0" is ENOMEM.
+            role=Role.ROOT_CAUSE,
+            triggers=("posix_memalign(",),
+            pattern=r"posix_memalign\(&data, gAlignment, nbytes\) == 0\. 12 vs 0",
+            values={"request": "an aligned block of host memory (`posix_memalign` returned ENOMEM, 12; torch "
+                               "1.0-1.4 does not print the size)"},
+            confidence=0.9,
+        ),
     ),
 ))
 
@@ -242,6 +251,91 @@ TD275 = register(Code(
     ),
 ))
 
+_NOT_HOST = (r"(?i)\b(?:cuda|gpu)\b.{0,20}\bmemory|\bvram\b|max_split_size|memory (?:on|of) (?:the )?gpu|"
+             r"CUDA out of memory",)
+_OOM_CONFIRM = ("On that host: `dmesg -T | grep -i -E 'killed process|out of memory'` (or `journalctl -k`, "
+                "`kubectl describe pod`: OOMKilled, `sacct -j JOBID -o JobID,State,MaxRSS`); watch the memory while it "
+                "runs (`free -g`, `ps -o rss,cmd -p PID` for the main process and its workers) and compare with "
+                "`num_workers=0`.")
+
+TD276 = register(Code(
+    code="TD276",
+    name="host-memory-exhausted-suspected",
+    family="host-oom",
+    severity=Severity.ERROR,
+    area="memory",
+    title="host memory grows until the job is killed (a hypothesis)",
+    message="The log describes host memory running out ({how}) without the line that proves it. With DataLoader "
+            "workers the usual cause is copy-on-write: every worker touches the dataset's Python objects (reference "
+            "counts), so each one slowly turns the parent's shared pages into a private copy, and the total grows "
+            "with the number of workers until the OOM killer ends the job.",
+    fix="Hold the dataset in numpy arrays or tensors (one large buffer) instead of Python lists, dicts or pandas "
+        "objects of objects; read samples lazily from disk; use fewer `num_workers` and a lower `prefetch_factor`; "
+        "do not keep batches or outputs alive across iterations; or raise the memory limit. Then " + _LIMIT_FIX,
+    meaning="Forked workers share the parent's memory until a page is written; reading a Python object writes its "
+            "reference count, so iterating a large list of objects copies it page by page in every worker. RSS of "
+            "each worker looks stable while the sum over workers (PSS/USS) grows. When the host or the cgroup runs "
+            "out, the kernel's OOM killer sends SIGKILL: the shell prints 'Killed', a DataLoader reports its worker "
+            "'exited unexpectedly' or 'killed by signal: Killed'.",
+    why="Large datasets held as Python objects (file lists, annotation dicts, pandas frames) read by several workers, "
+        "many workers per rank and several ranks per node, tensors accumulated over an epoch.",
+    false_positives="A real leak in user code (a growing list of tensors with autograd history) grows memory with "
+                    "num_workers=0 too; a small /dev/shm (TD158) also ends with workers 'exited unexpectedly'.",
+    related=("TD273", "TD274", "TD562", "TD158"),
+    signatures=(
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("exited unexpectedly",),
+            pattern=r"(?i)DataLoader worker \(pid.{0,40}\) exited unexpectedly",
+            confidence=0.3,
+            values={"how": "DataLoader workers 'exited unexpectedly'"},
+            confirm=_OOM_CONFIRM,
+        ),
+        # Two-part prose: each signature's triggers are the part its pattern ends with, so a line cut short
+        # (Signature.match's cut form) never matches on its first part alone.
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("oom kill", "oom-kill", "oom_kill", "oomkill", "OOM kill", "OOM-kill", "OOM Kill", "OOMKill",
+                      "OOM-Kill", "Oom kill"),
+            pattern=r"(?i)\boom[ _-]?kill",
+            exclude=(r"Killed process \d+", r"Out of memory: Kill"),
+            confidence=0.6,
+            values={"how": "the OOM killer is mentioned"},
+            confirm=_OOM_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("increas", "Increas", "grow", "Grow", "rise", "rising", "rises", "climb", "leak", "Leak"),
+            pattern=r"(?i)\b(?:memory|ram|rss)\b(?: \w+){0,3} (?:keeps? |starts? |is |was |slowly |rapidly |steadily |"
+                    r"continuously |constantly |gradually )*(?:increas|grow|rise|rising|rises|climb|leak)",
+            exclude=_NOT_HOST,
+            confidence=0.55,
+            values={"how": "host memory keeps growing"},
+            confirm=_OOM_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("all my", "all the", "all of", "all available", "whole", "surpass", "Surpass", "exceed", "Exceed"),
+            pattern=r"(?i)\b(?:consum|eat|us|fill|exhaust)\w* (?:up )?(?:all|the whole)(?: of)? (?:my |the |available )?"
+                    r"(?:ram|memory)\b|\b(?:surpass|exceed)\w* (?:the )?(?:available|total|physical) (?:ram|memory)\b",
+            exclude=_NOT_HOST,
+            confidence=0.55,
+            values={"how": "the host's memory is used up"},
+            confirm=_OOM_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("excessive", "Excessive", "huge", "Huge", "high memory", "High memory", "high RAM", "High RAM",
+                      "HIGH MEMORY"),
+            pattern=r"(?i)\b(?:excessive|huge|high) (?:ram|memory) (?:use|usage|consumption)",
+            exclude=_NOT_HOST,
+            confidence=0.5,
+            values={"how": "excessive host memory use"},
+            confirm=_OOM_CONFIRM,
+        ),
+    ),
+))
+
 # -- thread-oversubscription ------------------------------------------------------------------------
 
 _THREADS_FIX = ("Start fewer threads per process: `export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1` "
@@ -307,6 +401,94 @@ TD281 = register(Code(
             triggers=("blas_thread_init: RLIMIT_NPROC",),
             pattern=r"blas_thread_init: RLIMIT_NPROC (?P<current>\d+) current, (?P<max>\d+) max",
             confidence=0.6,
+        ),
+    ),
+))
+
+_THREAD_CONFIRM = ("Count the threads: `ps -o nlwp,pcpu,cmd -p PID` for the main process and each worker (or "
+                   "`top -H`); compare `torch.get_num_threads()` with the cores the process may use "
+                   "(`len(os.sched_getaffinity(0))`, divided by processes per node). If `OMP_NUM_THREADS=1` (or "
+                   "`torch.set_num_threads(1)` / `cv2.setNumThreads(0)` in `worker_init_fn`) makes it faster, "
+                   "that confirms it.")
+
+TD282 = register(Code(
+    code="TD282",
+    name="cpu-threads-oversubscribed-suspected",
+    family="thread-oversubscription",
+    severity=Severity.WARNING,
+    area="cpu",
+    title="more busy threads than cores: CPU usage high, training or loading slow (a hypothesis)",
+    message="The log describes high CPU use or slow CPU-side work ({how}). The usual cause is thread "
+            "oversubscription: every process (each rank, each DataLoader worker) starts an OpenMP/MKL pool of one "
+            "thread per visible core, and OpenCV/OpenBLAS pools on top; processes x threads far exceed the cores, so "
+            "they spin and preempt each other.",
+    fix=_THREADS_FIX + " With torchrun/torch.distributed.launch set `OMP_NUM_THREADS` to cores / processes per node "
+        "(launch sets it to 1 by default). For image pipelines add `cv2.setNumThreads(0)` in `worker_init_fn`.",
+    meaning="torch's intra-op pool defaults to the number of physical cores, in every process that computes on the "
+            "CPU. Eight ranks on a 32-core node start 8 x 32 threads; DataLoader workers running torch or OpenCV "
+            "code each start their own pools. Spinning OpenMP threads show as several hundred percent CPU per "
+            "process while throughput drops.",
+    why="Several processes per machine without OMP_NUM_THREADS, DataLoader workers doing tensor or OpenCV work with "
+        "library-default thread counts, containers whose CPU quota is smaller than the cores they can see.",
+    false_positives="Slow training also comes from slow storage, too few workers or a GPU-bound model; high CPU with "
+                    "one process and no workers can be plain CPU work. This is a hypothesis until the thread count "
+                    "is checked.",
+    related=("TD280", "TD281", "TD570", "TD250"),
+    signatures=(
+        # Two-part prose: each signature's triggers are the part its pattern ends with, so a line cut short
+        # (Signature.match's cut form) never matches on its first part alone.
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("CPU", "cpu", "Cpu"),
+            pattern=r"(?i)\b(?:[1-9]\d{2,3})\s?%\s*(?:of\s+)?(?:a\s+)?cpu",
+            confidence=0.55,
+            values={"how": "a process at several hundred percent CPU"},
+            confirm=_THREAD_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("high", "High", "HIGH", "increas", "Increas", "boost", "Boost", "spike", "Spike"),
+            pattern=r"(?i)\bcpu (?:usage|load|utili[sz]ation)\b.{0,60}\b(?:high|increas|boost|spike|\d+ times|100 ?%)",
+            confidence=0.5,
+            values={"how": "high CPU usage or load"},
+            confirm=_THREAD_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("CPU usage", "cpu usage", "CPU Usage", "CPU load", "cpu load", "CPU Load", "CPU utili",
+                      "cpu utili", "CPU Utili"),
+            pattern=r"(?i)\b(?:high|increas\w*|boost\w*|spike\w*) (?:of |in |the )*cpu (?:usage|load|utili[sz]ation)",
+            confidence=0.5,
+            values={"how": "high CPU usage or load"},
+            confirm=_THREAD_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("threads", "Threads", "THREADS"),
+            pattern=r"(?i)\b(?:control|limit|set|reduce|restrict|cap)\w* (?:the )?(?:number of |num(?:ber)? )?"
+                    r"(?:cpu )?threads\b|\bnumber of (?:cpu )?threads\b",
+            confidence=0.5,
+            values={"how": "the number of CPU threads is in question"},
+            confirm=_THREAD_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("OMP_NUM_THREADS", "MKL_NUM_THREADS", "setNumThreads", "set_num_threads"),
+            pattern=r"OMP_NUM_THREADS|MKL_NUM_THREADS|setNumThreads|set_num_threads",
+            exclude=(r"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default",),
+            confidence=0.4,
+            values={"how": "thread-count settings are mentioned"},
+            confirm=_THREAD_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("slow", "Slow", "SLOW"),
+            pattern=r"(?i)\b(?:data ?loader|data ?loading|num_workers)\b.{0,40}\bslow|"
+                    r"\b(?:training|train) (?:speed|is|got|gets|became|runs?)\b.{0,40}\bslow|\bgot slow|"
+                    r"\bslow\w* (?:data ?loader|data ?loading|training|speed)",
+            confidence=0.35,
+            values={"how": "training or data loading is slow"},
+            confirm=_THREAD_CONFIRM,
         ),
     ),
 ))

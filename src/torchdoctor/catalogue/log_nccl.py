@@ -101,6 +101,10 @@ TD482 = register(Code(
         Signature(role=Role.ROOT_CAUSE, triggers=("ncclRemoteError",),
                   pattern=r"ncclRemoteError: A call failed possibly due to a network error or a remote process",
                   confidence=0.55, values={"nccl_version": _NOT_PRINTED}),
+        Signature(role=Role.ROOT_CAUSE, triggers=("Call to recv from",),  # NCCL's socket layer: the peer went away
+                  pattern=r"NCCL WARN (?:Net|socketProgressOpt) ?: Call to recv from (?P<peer>\S+) failed ?: "
+                          r"(?P<error>Connection reset by peer|Connection refused|Broken pipe)",
+                  confidence=0.55, values={"nccl_version": _NOT_PRINTED}),
     ),
 ))
 
@@ -320,5 +324,97 @@ TD495 = register(Code(
                   pattern=r"DDP expects same model across all ranks, but Rank (?P<rank>\d+) has (?P<params>\d+) "
                           r"params, while rank (?P<other_rank>\d+) has inconsistent (?P<other_params>\d+) params",
                   confidence=0.95),
+    ),
+))
+
+
+_HANG = r"(?:hangs?|hung|hanging|stuck|freez\w*|frozen|deadlock\w*)"
+_HANG_WORDS = (" hang", "Hang", " hung", "stuck", "Stuck", "freez", "Freez", "frozen", "Frozen", "deadlock",
+               "Deadlock", "HANG")
+"""Triggers for a hang word (' hang': not 'change', 'exchange')."""
+_P2P_CONFIRM = ("Rerun with `NCCL_P2P_DISABLE=1`: if the hang goes away, P2P is broken on this node "
+                "(`nvidia-smi topo -m`, CUDA's `p2pBandwidthLatencyTest`).")
+
+TD498 = register(Code(
+    code="TD498", name="nccl-p2p-hang", family="nccl", severity=Severity.ERROR, area="distributed",
+    title="NCCL collectives hang inside one node: GPU peer-to-peer (P2P) transfers do not work",
+    message="NCCL hangs (or only works with NCCL_P2P_DISABLE=1): GPU peer-to-peer transfers between the GPUs of "
+            "this node most likely never complete.",
+    fix="Confirm with `NCCL_P2P_DISABLE=1` (slower, but the hang goes away) or run CUDA's `p2pBandwidthLatencyTest` / "
+        "nccl-tests' `all_reduce_perf -g <n>`. The usual cause is PCIe ACS or the IOMMU redirecting P2P traffic: "
+        "disable ACS on the PCI switches, disable VT-d in the BIOS or boot with `iommu=pt` (`intel_iommu=off`); in "
+        "VMs, P2P often needs the hypervisor's support. Consumer GPUs (GeForce RTX 40xx) have no P2P: keep "
+        "`NCCL_P2P_DISABLE=1` there, or update driver and NCCL. `nvidia-smi topo -m` shows how the GPUs are "
+        "connected (PIX/PXB/PHB/SYS).",
+    meaning="Within a node NCCL moves data directly between GPUs (P2P over PCIe or NVLink) when the topology "
+            "says it can; if the platform silently drops or reroutes those writes, the receiving GPU spins forever.",
+    why="ACS enabled on PCIe switches, IOMMU/VT-d on bare metal, virtualisation, or GPUs/drivers whose P2P is broken "
+        "or unsupported; it often shows only with more than two GPUs (when a ring crosses a PCIe switch).",
+    false_positives="A hang in one rank's code (a collective only some ranks call) looks the same; that one does not "
+                    "go away with NCCL_P2P_DISABLE=1 and also hangs with the gloo backend.",
+    related=("TD480", "TD484", "TD490"),
+    # Prose. Each signature's triggers are its *last* words: a line cut inside the pattern must reach them.
+    signatures=(
+        Signature(role=Role.SYMPTOM,
+                  triggers=("work", "Work", "fix", "Fix", "solv", "Solv", "resolv", "Resolv", "help", "Help"),
+                  pattern=r"(?i)NCCL_P2P_DISABLE\s*=\s*1\b[^\n]{0,80}\b(?:works?|worked|working|fix\w*|"
+                          r"solv\w*|resolv\w*|helps?|helped)\b",
+                  confidence=0.7,
+                  confirm="Run once with `NCCL_P2P_DISABLE=1` and once without; then `nvidia-smi topo -m` and CUDA's "
+                          "`p2pBandwidthLatencyTest` show which GPU pairs fail."),
+        # NCCL's own benchmarks hanging: no application code that could skip a collective, so the transport
+        Signature(role=Role.SYMPTOM, triggers=_HANG_WORDS,
+                  pattern=rf"(?i)\b(?:all_reduce_perf|\w+_perf|nccl-tests|NCCL tests?|P2P)\b[^\n]{{0,60}}\b{_HANG}\b",
+                  confidence=0.6, confirm=_P2P_CONFIRM),
+        Signature(role=Role.SYMPTOM, triggers=_HANG_WORDS,
+                  pattern=rf"(?i)\b(?:NCCL|all_?reduce)\b[^\n]{{0,60}}\b{_HANG}\b",
+                  confidence=0.45, confirm=_P2P_CONFIRM),
+        Signature(role=Role.SYMPTOM, triggers=("GPUs",),
+                  pattern=rf"(?i)\b{_HANG}\b[^\n]{{0,60}}\b(?:when using|with|on|using) (?:\d+|two|three|four|eight|"
+                          rf"multiple) (?:or more )?(?:\w+ ){{0,3}}GPUs\b",
+                  confidence=0.5, confirm=_P2P_CONFIRM),
+    ),
+))
+
+TD499 = register(Code(
+    code="TD499", name="ranks-out-of-sync", family="rank-divergence", severity=Severity.ERROR, area="distributed",
+    title="the ranks do different things (shapes, steps or random state), so collectives block or disagree",
+    message="The ranks most likely went out of sync: {hint}.",
+    fix="Make every rank take the same decisions and call the same collectives with the same shapes: decide to skip "
+        "a step on all ranks together (all_reduce a flag; never `return None` / `continue` on one rank under DDP), "
+        "pad tensors to the same shape before `all_gather` (gather the sizes first, pad to the maximum, trim after), "
+        "give every rank the same number of batches (`DistributedSampler(drop_last=True)` or DDP's `join()`), and "
+        "sync the seed and RNG state across all processes (broadcast rank 0's seed). `TORCH_DISTRIBUTED_DEBUG=DETAIL` "
+        "checks collective shapes and order across ranks.",
+    meaning="Collectives need every rank to call them in the same order with matching sizes; when one rank skips, "
+            "adds or resizes a call the others wait for ever or exchange the wrong data.",
+    why="Data-dependent branches (NaN loss, empty batch) taken on one rank, variable-length tensors in all_gather, "
+        "uneven data shards, per-rank random seeds that decide control flow.",
+    false_positives="A crashed or slow rank also makes the others wait; look for its error first.",
+    related=("TD494", "TD495", "TD490", "TD493"),
+    # Prose. Each signature's triggers are its *last* words: a line cut inside the pattern must reach them.
+    signatures=(
+        Signature(role=Role.SYMPTOM,
+                  triggers=("variable", "Variable", "different", "Different", "uneven", "Uneven", "not the same"),
+                  pattern=r"(?i)\ball[_-]?gather\w*\b[^\n]{0,120}\b(?:variable[- ](?:length|size|shape)\w*|different "
+                          r"(?:length|size|shape|dimension)s?|(?:un)?even[- ]sized?|not the same (?:length|size|shape))",
+                  confidence=0.6, values={"hint": "tensors of different shapes were passed to all_gather"},
+                  confirm="Print `tensor.shape` on every rank just before the all_gather (or run with "
+                          "`TORCH_DISTRIBUTED_DEBUG=DETAIL`): different shapes confirm it."),
+        Signature(role=Role.SYMPTOM,
+                  triggers=("DDP", "ddp", "multi", "Multi", "istributed", " hang", "Hang", "freez", "Freez", "stuck",
+                            "out of sync"),
+                  pattern=r"(?i)\b(?:return(?:s|ing)? None|skip(?:s|ping)? (?:the |a |this |some )?(?:current )?"
+                          r"(?:batch|step|iteration|training[_ ]step)\w*|uneven (?:number of )?(?:batch|input|data)\w*|"
+                          r"if one (?:GPU|rank|process) gets)\b[^\n]{0,100}\b(?:DDP|multi[- ]?GPU|distributed|"
+                          r"hangs?|hang|freez\w*|stuck|out of sync)\b",
+                  confidence=0.55, values={"hint": "one rank skipped a step (or ran out of batches) while others did not"},
+                  confirm="Log the step counter and whether backward ran on every rank; a rank that skips where the "
+                          "others do not confirms it."),
+        Signature(role=Role.SYMPTOM, triggers=("seed",),
+                  pattern=r"(?i)\b(?:each|every|all)\b[^\n]{0,40}\b(?:process(?:es)?|ranks?|GPUs?|workers?|instances?|"
+                          r"replicas?)\b[^\n]{0,60}\bdifferent (?:random )?seeds?\b",
+                  confidence=0.45, values={"hint": "the processes draw different random seeds"},
+                  confirm="Print the seed (and `torch.initial_seed()`) on every rank, at start and after resuming."),
     ),
 ))

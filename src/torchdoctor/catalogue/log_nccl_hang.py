@@ -23,6 +23,13 @@ _WORK = rf"WorkNCCL\((?:{_FIELD}(?:,\s*|(?=\))))+\)"
 (``Numelln``, a wrapped ``OpTy pe``) skipped. A field must end at a comma or the closing parenthesis and
 a skipped field cannot start like a known one, so a line without the parenthesis fails in linear time."""
 _WORK_DEFAULTS = {"seq": "?", "op": "?", "timeout_ms": "?"}
+_SYMPTOM_VALUES = {"seq": "?", "op": "a collective", "timeout_ms": "the process group timeout"}
+_HANG = r"(?:hangs?|hung|hanging|stuck|freez\w*|frozen|deadlock\w*|blocked)"
+_HANG_WORDS = (" hang", "Hang", " hung", "stuck", "Stuck", "freez", "Freez", "frozen", "Frozen", "deadlock",
+               "Deadlock", "HANG", "blocked")
+"""Triggers for a hang word (' hang': not 'change', 'exchange')."""
+_TIMEOUT_CONFIRM = ("Look for `Watchdog caught collective operation timeout ... Timeout(ms)=1800000` and check whether "
+                    "one rank was still busy (preprocessing, evaluation, saving) when the others waited.")
 
 TD490 = register(Code(
     code="TD490", name="nccl-watchdog-timeout", family="dist-hang", severity=Severity.ERROR, area="distributed",
@@ -52,6 +59,29 @@ TD490 = register(Code(
         Signature(role=Role.CASCADE, triggers=("timed out in blocking wait",),
                   pattern=rf"(?:\[Rank (?P<rank>\d+)\] )?Work {_WORK} timed out in blocking wait", confidence=0.85,
                   values=_WORK_DEFAULTS),
+        # Prose. Each symptom's triggers are its *last* words: a line cut inside the pattern must reach them.
+        Signature(role=Role.SYMPTOM, triggers=_HANG_WORDS,
+                  pattern=rf"(?i)\b(?:DDP|distributed|multi[- ]?(?:GPU|node|process)s?|torchrun|barrier|broadcast\w*|"
+                          rf"ranks?)\b[^\n]{{0,80}}\b{_HANG}\b",
+                  # a hang with its reason on the line (a rank skipping a step, uneven data) is rank divergence
+                  exclude=(r"(?i)\breturn(?:s|ing)? None\b|\bskip(?:s|ped|ping)?\b|\buneven\b|\ball_?gather",),
+                  confidence=0.5, values=_SYMPTOM_VALUES,
+                  confirm="Dump every rank's stack while it hangs (`py-spy dump --pid <pid>`) and rerun with "
+                          "`TORCH_DISTRIBUTED_DEBUG=DETAIL`: ranks waiting in different collectives, or one rank "
+                          "outside any, confirm it."),
+        Signature(role=Role.SYMPTOM, triggers=_HANG_WORDS,
+                  pattern=rf"(?i)\b(?:evaluation|validation|validating|evaluating|eval)\b[^\n]{{0,60}}\b{_HANG}\b",
+                  confidence=0.4, values=_SYMPTOM_VALUES,
+                  confirm="Check whether evaluation runs on every rank or only on rank 0 (`if rank == 0:` around a DDP "
+                          "model call or a collective); `py-spy dump --pid <pid>` on each rank shows where it waits."),
+        Signature(role=Role.SYMPTOM, triggers=("30 min", "30min", "thirty min", "Thirty min"),
+                  pattern=r"(?i)\b(?:time ?out|timed out)\b[^\n]{0,40}\b(?:30 ?min(?:ute)?s?|thirty minutes)\b",
+                  confidence=0.55, values=_SYMPTOM_VALUES, confirm=_TIMEOUT_CONFIRM),
+        Signature(role=Role.SYMPTOM,
+                  triggers=("timeout", "Timeout", "time out", "timed out", "time limit", "超时"),
+                  pattern=r"(?i)(?:\b30 ?min(?:ute)?s?|\bthirty minutes|30 ?分钟)[^\n]{0,40}(?:\btime ?out\b|"
+                          r"\btimed out\b|\btime limit\b|超时)",
+                  confidence=0.55, values=_SYMPTOM_VALUES, confirm=_TIMEOUT_CONFIRM),
     ),
 ))
 

@@ -176,3 +176,98 @@ TD554 = register(Code(
         ),
     ),
 ))
+
+_PICKLE_CONFIRM = ("Run once with `DataLoader(..., num_workers=0)`: if the error goes away, pickling the Dataset for the "
+                   "workers is the cause. Then look in the full output for the parent's own error, `Can't pickle ...` or "
+                   "`cannot pickle '...' object` (it names the object), or test it directly: "
+                   "`import pickle; pickle.dumps(dataset)`.")
+
+TD555 = register(Code(
+    code="TD555",
+    name="worker-dataset-not-transferred",
+    family="worker-pickling",
+    severity=Severity.ERROR,
+    area="loader",
+    title="a spawned worker did not receive its Dataset: pickling it for the worker failed",
+    message="A DataLoader worker (or another spawned process) could not be given its Dataset ({how}). With the spawn "
+            "start method (Windows, macOS) the Dataset, collate_fn and worker_init_fn are pickled to every worker; "
+            "when the parent cannot pickle one of them, the parent raises a pickling error and the child, whose "
+            "input stops short, fails with `EOFError: Ran out of input`.",
+    fix="Find the object that does not pickle (the parent's error names it; `pickle.dumps(dataset)` in the main "
+        "process reproduces it) and make it picklable: module-level functions instead of lambdas and local "
+        "functions, open files / DB handles / locks created lazily in the worker. Put the training code under "
+        "`if __name__ == \"__main__\":`. " + _TRY_FORK + " " + _ISOLATE,
+    meaning="multiprocessing's spawn child reads the pickled process object from a pipe (`spawn.py`, "
+            "`reduction.pickle.load(from_parent)`); an empty pipe means the parent failed while pickling "
+            "(`popen_spawn_*`, `reduction.dump`, `ForkingPickler`). The parent's error is the cause; the child's "
+            "EOFError is its echo, often the only line that reaches the console or the issue report.",
+    why=_PICKLING_WHY + " Notebooks and scripts written on Linux (fork) hit this on Windows and macOS.",
+    false_positives="`EOFError: Ran out of input` also comes from unpickling an empty or truncated file "
+                    "(`torch.load`/`pickle.load` of a checkpoint cut short); the traceback then ends in "
+                    "`serialization.py`, not in multiprocessing's `spawn.py`.",
+    related=("TD550", "TD551", "TD552", "TD553", "TD554"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("Ran out of input",),
+            pattern=r"EOFError: Ran out of input",
+            context=("spawn_main", "pickle.load(from_parent)", "multiprocessing/spawn.py",
+                     "multiprocessing\\spawn.py"),
+            confidence=0.75,
+            values={"how": "the spawned child found its input empty: `EOFError: Ran out of input` in spawn.py"},
+        ),
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("PicklingError",),
+            pattern=r"(?:_?pickle\.)?PicklingError\b(?P<detail>.*)",
+            exclude=(r"Can't (?:pickle|get) local object", r"attribute lookup", r"(?:cannot|can't) pickle '"),
+            context=("multiprocessing/reduction.py", "multiprocessing\\reduction.py", "popen_spawn", "ForkingPickler"),
+            confidence=0.75,
+            values={"how": "the parent's PicklingError while pickling the process object for the worker"},
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("Ran out of input",),
+            pattern=r"EOFError:? Ran out of input",
+            confidence=0.55,
+            values={"how": "`EOFError: Ran out of input` (the usual echo, in the worker, of a pickling error)"},
+            confirm=_PICKLE_CONFIRM,
+        ),
+        # Two-part prose: each signature's triggers are the part its pattern ends with, so a line cut short
+        # (Signature.match's cut form) never matches on its first part alone.
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("PicklingError", "Pickling error", "Pickling Error", "pickling error", "Pickle error",
+                      "pickle error", "Pickle Error", "PickleError"),
+            pattern=r"(?i)pickl(?:e|ing) ?error",
+            confidence=0.5,
+            values={"how": "a pickling error is mentioned"},
+            confirm=_PICKLE_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("pickl", "Pickl", "PICKL"),
+            pattern=r"(?i)\b(?:error|issue|problem|fail\w*)\b.{0,60}\bpickl",
+            exclude=(r"(?i)pickl(?:e|ing) ?error",),
+            confidence=0.5,
+            values={"how": "a pickling error is mentioned"},
+            confirm=_PICKLE_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("num_worker", "num-worker", "NUM_WORKER"),
+            pattern=r"(?i)\bwindows\b.{0,100}\bnum[_-]?workers?\b",
+            confidence=0.45,
+            values={"how": "num_workers > 0 on Windows (spawn)"},
+            confirm=_PICKLE_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("windows", "Windows", "WINDOWS"),
+            pattern=r"(?i)\bnum[_-]?workers?\b.{0,100}\bwindows\b",
+            confidence=0.45,
+            values={"how": "num_workers > 0 on Windows (spawn)"},
+            confirm=_PICKLE_CONFIRM,
+        ),
+    ),
+))

@@ -42,6 +42,18 @@ TD650 = register(Code(
             pattern=r"Parent directory (?P<directory>.+?) does not exist\.?\s*$",
             confidence=0.95,
         ),
+        # torch < 1.6 (and the legacy format, or a file object) opened the path with Python's open(): a
+        # generic FileNotFoundError, told apart by torch.save's frames (a torch.load of a missing file is not it)
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 2] No such file or directory",),
+            pattern=r"(?:FileNotFoundError|IOError|OSError): \[Errno 2\] No such file or ?directory: ?"
+                    r"['\"](?P<directory>.*[/\\])[^/\\]*['\"]",
+            exclude=(r"' -> '", r"tmp-checkpoint-\d+"),
+            context=("torch.save(", "_with_file_like(f, \"wb\"", "_with_file_like(f, 'wb'", "_open_file_like(f, 'wb')",
+                     "_open_file_like(f, \"wb\")"),
+            confidence=0.75,
+        ),
     ),
 ))
 
@@ -251,7 +263,8 @@ TD656 = register(Code(
         "the saving code, save from one (`if dist.get_rank() == 0:` or `trainer.is_global_zero`).",
     meaning="A torch.save file is a zip archive whose central directory is written last; a file cut short has none "
             "('failed finding central directory'), a damaged one fails on a record ('invalid header or archive is "
-            "corrupted').",
+            "corrupted'). Files of the pre-1.6 format (still what many downloads are) fail while reading a storage: "
+            "'unexpected EOF, expected N more bytes. The file might be corrupted.'",
     why="The process saving it died or ran out of space half-way and the path already held the new, partial file; "
         "two ranks wrote the same path; an interrupted copy or download.",
     false_positives="A file that is not a torch checkpoint at all (an HTML error page saved as .pt, a Git LFS pointer) "
@@ -263,6 +276,21 @@ TD656 = register(Code(
             triggers=("PytorchStreamReader failed reading",),
             pattern=r"PytorchStreamReader failed reading (?:zip archive|file (?P<record>\S+?)): "
                     r"(?P<reason>failed finding central directory|invalid header or archive is corrupted)",
+            confidence=0.9,
+        ),
+        Signature(  # the same without its reason (a title, a screenshot's caption)
+            role=Role.ROOT_CAUSE,
+            triggers=("PytorchStreamReader failed reading zip archive",),
+            pattern=r"PytorchStreamReader failed reading zip archive(?!: (?:failed finding central directory|invalid "
+                    r"header|(?i:not a zip archive)))",
+            values={"reason": "failed reading the zip archive"},
+            confidence=0.85,
+        ),
+        Signature(  # the pre-1.6 format (and torch.hub's cached downloads): a storage cut short
+            role=Role.ROOT_CAUSE,
+            triggers=("The file might be corrupted",),
+            pattern=r"unexpected EOF(?:, expected (?P<missing>\d+) more bytes)?\. The file might be corrupted",
+            values={"reason": "unexpected end of file: storage data missing"},
             confidence=0.9,
         ),
     ),

@@ -109,10 +109,14 @@ TD563 = register(Code(
     related=("TD564", "TD553", "TD554", "TD560"),
     signatures=(
         Signature(
-            role=Role.ROOT_CAUSE,
+            # An exit status names no cause (a small /dev/shm, the OOM killer and a native error handler all end
+            # here): a hypothesis, weighed against TD158 (shm) and TD274 (host memory) on the same line.
+            role=Role.SYMPTOM,
             triggers=("exited unexpectedly with exit code",),
             pattern=r"DataLoader worker \(pid (?P<pid>\d+)\) exited unexpectedly with exit code (?P<exit_code>-?\d+)",
-            confidence=0.6,
+            confidence=0.4,
+            confirm="Look above this line for what the worker printed before exiting (a traceback, a library's error "
+                    "message); rerun with `num_workers=0` to get the error in the main process.",
         ),
     ),
 ))
@@ -169,6 +173,104 @@ TD565 = register(Code(
             triggers=("DataLoader timed out after",),
             pattern=r"DataLoader timed out after (?P<seconds>[\d.]+) seconds",
             confidence=0.7,
+        ),
+    ),
+))
+
+_LOADER_WORDS = ("dataloader", "DataLoader", "Dataloader", "DATALOADER", "data loader", "Data loader", "Data Loader",
+                 "num_worker", "num-worker", "NUM_WORKER")
+_HANG_WORDS = ("hang", "Hang", "HANG", "hung", "stuck", "Stuck", "freez", "Freez", "froze", "Froze", "deadlock",
+               "Deadlock")
+_FORK_CONFIRM = ("Rerun with `num_workers=0`: if the crash or hang goes away, run once with "
+                 "`DataLoader(..., multiprocessing_context=\"spawn\")`; if that works too, state inherited through fork "
+                 "is the cause. `py-spy dump --pid WORKER_PID` shows where a hung worker waits; "
+                 "`python -X faulthandler` shows a crashing one's frames.")
+
+TD566 = register(Code(
+    code="TD566",
+    name="worker-fork-unsafe-state",
+    family="worker-crash",
+    severity=Severity.ERROR,
+    area="loader",
+    title="DataLoader workers crash or hang on state inherited through fork",
+    message="The log describes DataLoader workers that crash or hang only with num_workers > 0 ({how}). The usual "
+            "cause is state the workers inherit from the main process through fork that does not survive it: an "
+            "open HDF5/LMDB/database handle, a thread pool or lock created before the loader started, a CUDA or "
+            "native library context.",
+    fix="Open such resources inside each worker, lazily on first use in `__getitem__` (e.g. `if self.h5 is None: "
+        "self.h5 = h5py.File(path, 'r')`) or in `worker_init_fn`, never in the Dataset's `__init__`; create "
+        "thread pools and clients after the loader has started its workers, or start workers with "
+        "`multiprocessing_context=\"spawn\"` (also the fix when GNU OpenMP refuses the fork: OpenMP-parallel code, "
+        "numba or torch CPU ops, already ran in the main process). Keep worker-side libraries single-threaded (`torch.set_num_threads(1)` "
+        "in `worker_init_fn`).",
+    meaning="fork copies the parent's memory, open descriptors and the state of locks, but not its threads: a lock "
+            "held by another thread stays locked forever in the child, a thread pool's threads are missing, and a "
+            "file handle (HDF5) shared by several processes corrupts its reads. The worker then segfaults, raises "
+            "odd errors or waits forever.",
+    why="Datasets that open their file in `__init__`, libraries that start threads at import or first use (thread "
+        "pools, logging handlers, gRPC, OpenCV), `torch.set_num_threads` called before the loader forks.",
+    false_positives="A small /dev/shm (TD158), the OOM killer (TD273) and bugs in dataset code show similar symptoms; "
+                    "this is a hypothesis until the spawn test above confirms it.",
+    related=("TD560", "TD565", "TD564", "TD158"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("fork() called from a process already using GNU OpenMP",),
+            pattern=r"fork\(\) called from a process already using GNU OpenMP, this is unsafe",
+            confidence=0.8,
+            values={"how": "libgomp ended a forked worker: 'fork() called from a process already using GNU OpenMP'"},
+        ),
+        # Two-part prose: each signature's triggers are the part its pattern ends with, so a line cut short
+        # (Signature.match's cut form) never matches on its first part alone.
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=_LOADER_WORDS,
+            pattern=r"(?i)(?:segmentation fault|segfault|sigsegv).{0,120}\b(?:data ?loader|num[_-]?workers?)",
+            exclude=(r"encountered in worker", r"is killed by signal"),
+            confidence=0.6,
+            values={"how": "a segmentation fault with num_workers > 0"},
+            confirm=_FORK_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("egmentation fault", "EGMENTATION FAULT", "egfault", "SIGSEGV"),
+            pattern=r"(?i)\b(?:data ?loader|num[_-]?workers?).{0,120}(?:segmentation fault|segfault|sigsegv)",
+            exclude=(r"encountered in worker", r"is killed by signal"),
+            confidence=0.6,
+            values={"how": "a segmentation fault with num_workers > 0"},
+            confirm=_FORK_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("num_worker", "num-worker", "NUM_WORKER", "multiple processes", "multiple workers"),
+            pattern=r"(?i)\b(?:hdf5|h5py|lmdb)\b.{0,120}\b(?:num[_-]?workers?|multiple (?:processes|workers))",
+            confidence=0.6,
+            values={"how": "an HDF5/LMDB dataset read by several workers"},
+            confirm=_FORK_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("hdf5", "HDF5", "Hdf5", "h5py", "lmdb", "LMDB"),
+            pattern=r"(?i)\b(?:num[_-]?workers?|multiple (?:processes|workers))\b.{0,120}\b(?:hdf5|h5py|lmdb)",
+            confidence=0.6,
+            values={"how": "an HDF5/LMDB dataset read by several workers"},
+            confirm=_FORK_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=_HANG_WORDS,
+            pattern=r"(?i)\bnum[_-]?workers?\b.{0,100}\b(?:hang|hung|stuck|freez|froze|deadlock)",
+            confidence=0.45,
+            values={"how": "the loader hangs with num_workers > 0"},
+            confirm=_FORK_CONFIRM,
+        ),
+        Signature(
+            role=Role.SYMPTOM,
+            triggers=("num_worker", "num-worker", "NUM_WORKER"),
+            pattern=r"(?i)\b(?:hangs?|hanging|hung|stuck|freez\w*|froze\w*|deadlock\w*)\b.{0,100}\bnum[_-]?worker",
+            confidence=0.45,
+            values={"how": "the loader hangs with num_workers > 0"},
+            confirm=_FORK_CONFIRM,
         ),
     ),
 ))

@@ -1,4 +1,4 @@
-"""TD657, TD659, TD660, TD661: several processes writing one file or directory, as it shows up in logs.
+"""TD657, TD659-TD663: several processes writing one file or directory, as it shows up in logs.
 
 Concurrent writers leave no error of their own; these codes recognise what the *readers* of the
 damaged file, or the losers of a rename or delete race, print.
@@ -10,6 +10,13 @@ from ..model import Severity
 from ..registry import Code, register
 from ..signature import Role, Signature
 from .log_storage import _ATOMIC
+
+def _gap(n: int, *avoid: str) -> str:
+    """Up to ``n`` characters of one sentence holding none of ``avoid`` (regex fragments): a prose symptom's gap
+    cannot swallow its triggers, so a line the engine takes as cut short (a partial match must hold a trigger)
+    matches only once it reached the pattern's last part."""
+    return r"(?:(?!" + "|".join(avoid) + r")[^.\n]){0,%d}" % n
+
 
 TD657 = register(Code(
     code="TD657",
@@ -41,6 +48,19 @@ TD657 = register(Code(
             # column 1: the extra data starts a new line, i.e. a whole JSON-lines file read with json.load()
             exclude=(r"Extra data: line \d+ column 1 \(",),
             confidence=0.55,
+        ),
+        Signature(  # prose: "repeated logs, as many times as GPUs", "every line is printed once per process"
+            role=Role.SYMPTOM,
+            # prose signatures end with their triggers: a line cut short never matches on its first half
+            triggers=("GPU", "gpu", "process", "rank", "device", "worker", "DDP", "ddp"),
+            pattern=r"(?i)(?:\b(?:repeated|duplicated?)\s+(?:logs?|log lines|lines|messages|outputs?|prints?)|"
+                    r"\b(?:logs?|lines?|messages?|outputs?)\b" + _gap(30, "(?i:repeat|duplicat)") + r"\b(?:repeated|duplicated|printed|logged|"
+                    r"written)\b)" + _gap(80, "(?i:rank|gpu|process|device|worker|node|ddp|distributed)") + r"(?:\bnumber of (?:gpus|processes|ranks|devices)|\b(?:each|every|per|all) "
+                    r"(?:gpus?|process(?:es)?|ranks?|devices?|workers?)|\bddp)\b",
+            confidence=0.5,
+            confirm="Prefix each line with its rank (`torchrun --tee 3`, or log `dist.get_rank()`): one copy per rank "
+                    "means every process writes the same log; log from rank 0 only (`rank_zero_only`, "
+                    "`if dist.get_rank() == 0`).",
         ),
     ),
 ))
@@ -87,6 +107,17 @@ TD659 = register(Code(
                     r"'(?P<target>[^']+)'",
             values={"what": "the final directory already held another process's checkpoint (ENOTEMPTY)"},
             confidence=0.75,
+        ),
+        Signature(  # "saving checkpoint crashes in multi-gpu (DDP): OSError: [Errno 39] Directory not empty"
+            role=Role.SYMPTOM,
+            triggers=("[Errno 39] Directory not empty",),
+            pattern=r"(?i)(?:checkpoint|\bddp\b|multi[- ]?(?:gpu|node)|\branks?\b|distributed|processes).{0,80}"
+                    r"\[Errno 39\] Directory not empty",
+            exclude=(r"' -> '",),
+            values={"what": "the final directory already held another process's checkpoint (ENOTEMPTY)"},
+            confidence=0.65,
+            confirm="Read the full traceback of each rank: an `os.rename`/`shutil.move` of a temporary checkpoint "
+                    "directory failing on all ranks but one confirms it.",
         ),
         Signature(
             role=Role.ROOT_CAUSE,
@@ -190,6 +221,117 @@ TD661 = register(Code(
             exclude=(r"' -> '", r"tmp-checkpoint-\d+"),
             context=_RMTREE_WALK,
             confidence=0.8,
+        ),
+    ),
+))
+
+
+TD662 = register(Code(
+    code="TD662",
+    name="checkpoint-record-missing",
+    family="concurrent-write",
+    severity=Severity.ERROR,
+    area="storage",
+    title="torch.load found no record for a storage its pickle names (a zip checkpoint written by several processes)",
+    message="torch.load could not find the storage record {record} in the checkpoint archive: the archive's index "
+            "and its pickled object do not belong together, typically because several processes saved to the same "
+            "path at once.",
+    fix="If the file was downloaded, download it again. If your job wrote it: " + _ONE_WRITER + " Then " + _ATOMIC + ".",
+    meaning="A zip-format checkpoint holds a pickle (data.pkl) naming its storages (data/0, data/1, ...; in torch "
+            "1.6-1.8 the storage's memory address, data/94308821128336) and one record per storage, listed in the "
+            "central directory written at the end. A file that is merely cut short has no central directory (TD656); "
+            "a complete archive whose pickle names records it does not hold was assembled from two writers: the "
+            "pickle of one process and the index of another.",
+    why="torch.save called on every rank (or on every node's local rank 0) with the same path; two runs writing one "
+        "output directory; more rarely a file edited or assembled by hand.",
+    false_positives="`failed locating file constants.pkl` or `data.pkl` is a different problem (a TorchScript or a "
+                    "non-torch zip loaded with the wrong function) and is not matched.",
+    related=("TD656", "TD660", "TD659"),
+    signatures=(
+        Signature(
+            role=Role.ROOT_CAUSE,
+            triggers=("PytorchStreamReader failed locating file",),
+            pattern=r"PytorchStreamReader failed locating file (?P<record>data/\d+): file not found",
+            confidence=0.7,
+        ),
+        Signature(  # torch 1.6-1.8: "[enforce fail at inline_container.cc:222] . file not found: archive/data/943..."
+            role=Role.ROOT_CAUSE,
+            triggers=("file not found: archive/data/",),
+            pattern=r"file not found: (?P<record>[^/\s]+/data/\d+)",
+            confidence=0.7,
+        ),
+    ),
+))
+
+_MAKEDIRS = (
+    # os.makedirs' own mkdir (3.x), os.mkdir called directly, pathlib
+    "in makedirs\nmkdir(name, mode)",
+    "os.makedirs(",
+    "os.mkdir(",
+    ".mkdir(",
+)
+
+TD663 = register(Code(
+    code="TD663",
+    name="makedirs-race",
+    family="concurrent-write",
+    severity=Severity.ERROR,
+    area="storage",
+    title="several processes created the same directory at once (FileExistsError)",
+    message="Creating a directory failed with `File exists` (EEXIST){where}: when every rank runs the same "
+            "`if not exists: makedirs` code, another process creates the directory between the check and the "
+            "creation.",
+    fix="Create it race-free: `os.makedirs(path, exist_ok=True)` (`Path.mkdir(parents=True, exist_ok=True)`), or "
+        "create it on rank 0 only followed by `dist.barrier()` (`trainer.is_global_zero`, "
+        "`accelerator.is_main_process`); on several nodes sharing the directory, global rank 0.",
+    meaning="`os.path.exists()` followed by `os.makedirs()` is a check-then-act race: processes started together "
+            "(DDP ranks, spawned workers, array jobs) all see no directory, one creates it, the others fail with "
+            "FileExistsError ([Errno 17]). It is timing-dependent: some runs pass.",
+    why="Output, log or checkpoint directories created by every rank at start-up, TensorBoard writers per rank, "
+        "framework versions that created directories without exist_ok.",
+    false_positives="A single process creating a directory left by an earlier run fails the same way (then it fails "
+                    "every time, not only sometimes, and with one process); the confirm step tells them apart.",
+    related=("TD659", "TD661", "TD657"),
+    signatures=(
+        Signature(  # the exception in a process started by torch.multiprocessing / a distributed launcher
+            role=Role.ROOT_CAUSE,
+            triggers=("[Errno 17] File exists",),
+            pattern=r"(?:FileExistsError|OSError): \[Errno 17\] File exists(?:: '(?P<path>[^']*)')?",
+            context=("torch/multiprocessing/spawn.py", "in _wrap\nfn(i, *args)", "torch/distributed/",
+                     "local_rank", "is_main_process", "get_rank()"),
+            values={"where": " in a process started next to others"},
+            confidence=0.7,
+        ),
+        Signature(  # the exception alone: a race only when several processes ran that code
+            role=Role.SYMPTOM,
+            triggers=("[Errno 17] File exists",),
+            pattern=r"(?:FileExistsError|OSError): \[Errno 17\] File exists(?:: '(?P<path>[^']*)')?",
+            context=_MAKEDIRS,
+            values={"where": ""},
+            confidence=0.5,
+            confirm="Count the processes that ran this code (ranks, workers, array tasks): with one, an earlier run left "
+                    "the directory (use exist_ok=True or a new path); with several, it is this race, and it comes "
+                    "and goes between runs.",
+        ),
+        Signature(  # prose: "when training on multiple nodes ... it will raise FileExistsError"
+            role=Role.SYMPTOM,
+            triggers=("FileExistsError",),
+            pattern=r"(?i)(?:multi[- ]?(?:gpu|node|process)|multiple (?:gpus|nodes|processes)|several (?:gpus|nodes|"
+                    r"processes)|\bddp\b|distributed|\branks?\b|simultaneous|same time|race).{0,100}FileExistsError",
+            exclude=(r"FileExistsError: \[Errno 17\]",),
+            values={"where": ""},
+            confidence=0.6,
+            confirm="Look for `os.makedirs` (or `os.mkdir`) without `exist_ok=True` in the failing frame, reached by "
+                    "every rank; the error appearing on some runs only confirms the race.",
+        ),
+        Signature(  # prose naming the exception alone ("this regularly creates FileExistsErrors")
+            role=Role.SYMPTOM,
+            triggers=("FileExistsError",),
+            pattern=r"FileExistsError(?!: \[Errno)",
+            values={"where": ""},
+            confidence=0.45,
+            confirm="Check whether several processes run the directory-creating code (DDP ranks, spawned workers): "
+                    "`os.makedirs` without `exist_ok=True` after an existence check then races.",
         ),
     ),
 ))

@@ -48,6 +48,10 @@ WINDOWS = {
 HIT_WINDOW = 512
 """Bytes after any other hit read line by line too (wrapped messages continue on the next line)."""
 FAST_AFTER = 1024 * 1024
+PROSE_WORD = 8
+PROSE_LINES = 2000
+"""Symptoms keyed on short common words are tried in the first this-many lines of a source only: prose
+is what a report is made of, not a gigabyte of training output, where those words are on every line."""
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -73,32 +77,42 @@ class SignatureIndex:
         self.literals: list[str] = list(literals)
         self.encoded: list[bytes] = [lit.encode("utf-8") for lit in self.literals]
         self.candidates: list[tuple[Candidate, ...]] = [tuple(literals[lit]) for lit in self.literals]
-        self.window: list[int] = [WINDOWS.get(lit, HIT_WINDOW if literals[lit] else 0) for lit in self.literals]
+        # a symptom's prose words ("rank", "process") open no window: only a failure's text may wrap
+        self.window: list[int] = [WINDOWS.get(lit, HIT_WINDOW if any(c.signature.role.value != "symptom" for c in literals[lit])
+                                              else 0) for lit in self.literals]
         self.generic: frozenset[int] = frozenset(i for i, lit in enumerate(self.literals) if lit in GENERIC or lit == TRACEBACK)
         self.cheap: frozenset[int] = frozenset(i for i in self.generic if not literals[self.literals[i]] and not self.window[i])
         """Generic literals that only feed the unmatched-error list (repeated shapes are skipped)."""
         self.has_signature: list[bool] = [any(not c.signature.frames for c in cs) for cs in self.candidates]
         """Literals that trigger a signature tried on log lines."""
         self.has_frames: list[bool] = [any(c.signature.frames for c in cs) for cs in self.candidates]
+        self.has_strong: list[bool] = [any(not c.signature.frames and c.signature.role.value != "symptom" for c in cs)
+                                       for cs in self.candidates]
+        """Literals that trigger a signature naming a failure (not only a symptom's broad prose words)."""
         """Literals that trigger a ``frames=True`` signature (tried on a cut traceback's last source line)."""
         self._fast: Scanner | None = None
         self._slow: Scanner | None = None
 
-    def signatures_for(self, ids: Iterable[int], frames: bool = False) -> list[Candidate]:
+    def signatures_for(self, ids: Iterable[int], frames: bool = False, prose: bool = True) -> list[Candidate]:
         """The signatures these literals trigger: those tried on log lines, or (``frames``) the
-        ``frames=True`` ones."""
+        ``frames=True`` ones. Without ``prose``, symptoms triggered only by a short, common word
+        (:data:`PROSE_WORD` characters or fewer: "rank", "GPU") are left out."""
         seen: set[int] = set()
         out: list[Candidate] = []
         for i in sorted(ids):
+            common = len(self.literals[i]) <= PROSE_WORD
             for cand in self.candidates[i]:
+                if not prose and common and cand.signature.role.value == "symptom":
+                    continue
                 if cand.signature.frames == frames and id(cand.signature) not in seen:
                     seen.add(id(cand.signature))
                     out.append(cand)
         return out
 
     def ids_in(self, text: str) -> set[int]:
-        """Literal ids present in ``text`` (used for joined wrapped lines)."""
-        return {i for i, lit in enumerate(self.literals) if lit in text}
+        """Literal ids present in ``text`` (used for joined wrapped lines): one scan, not one test per literal."""
+        data = text.encode("utf-8", "replace")
+        return {i for _, i in self.scanner(None).scan(data, 0, len(data))}
 
     def scanner(self, size_hint: int | None) -> Scanner:
         if size_hint is not None and size_hint < FAST_AFTER:
@@ -181,11 +195,11 @@ class HyperscanScanner(Scanner):
 
 
 def match_line(index: SignatureIndex, ids: Iterable[int], texts: Sequence[str],
-               cut: bool = False) -> list[tuple[Candidate, dict[str, str]]]:
+               cut: bool = False, prose: bool = True) -> list[tuple[Candidate, dict[str, str]]]:
     """Signatures (with extracted values) matching a line, tried on each of its ``texts`` forms;
     ``cut``: the line is known to end early (see :meth:`~torchdoctor.signature.Signature.match`)."""
     found: list[tuple[Candidate, dict[str, str]]] = []
-    for cand in index.signatures_for(ids):
+    for cand in index.signatures_for(ids, prose=prose):
         for text in texts:
             values = cand.signature.match(text, cut)
             if values is not None:

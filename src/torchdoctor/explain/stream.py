@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .collect import MAX_RANKS, Collector, Event, Matches
-from .match import FAST_AFTER, TRACEBACK, Scanner, SignatureIndex, match_frames, match_line
+from .match import FAST_AFTER, PROSE_LINES, TRACEBACK, Scanner, SignatureIndex, match_frames, match_line
 from .model import LineRef
 from .normalize import NormLine, SummaryTracker, Time, normalize, unflatten
 from .repeats import RepeatFilter
@@ -56,6 +56,8 @@ TIE_BEFORE = 3
 TIE_AFTER = 4
 """... and up to this many lines after it (the rest of a multi-line message, its echo)."""
 RECENT = 8
+MAX_JOINED = 2048
+"""A wrapped message is joined over its continuation lines up to this many characters."""
 CUT_WIDTH = 120
 """A line at least this long that ends inside a signature's pattern may have been cut (see _flush_cut)."""
 
@@ -72,7 +74,8 @@ class StreamState:
     tb_lines: int = 0
     closed_tb: tuple[str, ...] = ()
     closed_at: int = -10
-    pending: tuple[NormLine, int] | None = None
+    pending: tuple[NormLine, int, bool] | None = None
+    """A line that may continue on the next one: (line, number, whether it holds a signature trigger)."""
     last_time: Time | None = None
     chain: int | None = None
     """Id of the current (or last closed) traceback chain: tracebacks joined by "During handling of
@@ -196,17 +199,33 @@ class LineProcessor:
         sig_ids = [] if in_frames else [i for i in ids if self.sig.has_signature[i]]
         tb = closed if closed is not None else (st.closed_tb if lineno - st.closed_at <= 2 else ())
         texts = [norm.text] if norm.clean == norm.text else [norm.text, norm.clean]
-        matches = _in_context(match_line(self.sig, sig_ids, texts), tb) if sig_ids else []
+        matches = _in_context(match_line(self.sig, sig_ids, texts, prose=lineno <= PROSE_LINES), tb) if sig_ids else []
         refs = [ref]
-        if not matches and st.pending is not None and 0 < lineno - st.pending[1] <= 3:
-            prev, prev_line = st.pending
-            matches = _in_context(self._joined([prev.text.rstrip() + " " + norm.text.strip()]), tb)
-            if matches:
+        grown = False
+        # symptoms never stop a line from being the head or the tail of a wrapped message
+        decisive = any(c.signature.role.value != "symptom" for c, _ in matches)
+        if not decisive and st.pending is not None and 0 < lineno - st.pending[1] <= 3:
+            prev, prev_line, triggered = st.pending
+            spaced = prev.text.rstrip() + " " + norm.text.strip()
+            joined = (_in_context(self._joined([spaced, prev.text + norm.text.lstrip()]), tb)
+                      if triggered or _looks_cut(prev.text, norm.text) else [])
+            if joined:
+                matches, decisive = joined + matches, True
                 refs = [LineRef(src.name, prev_line, prev.clean, prev.rank, prev.host), ref]
                 st.pending = None
-        if st.pending is not None:
+            elif not own_time and len(spaced) <= MAX_JOINED and _looks_cut(prev.text, norm.text):
+                # a message wrapped over several lines: keep joining (the whole is tried, then cut)
+                st.pending, grown = (replace(prev, text=spaced), prev_line, triggered), True
+        if st.pending is not None and not grown:
             self._flush_cut(st)  # not continued by this line: it may have been cut short
-        st.pending = (norm, lineno) if sig_ids and not matches else None
+        if not grown:
+            # a line with a trigger that did not match, or an error line that matched nothing, may be
+            # the head of a message wrapped over the next lines (a trigger split by the wrap); a head
+            # without any literal is never read, so such a wrap stays unrecognised
+            strong = any(self.sig.has_strong[i] for i in sig_ids)
+            generic = any(i in self.sig.generic for i in ids)
+            wrapped_head = not decisive and (strong or (generic and not in_frames))
+            st.pending = (norm, lineno, strong) if wrapped_head else None
         if (not matches and not own_time and norm.rank is None and prev_key is not None
                 and self._join_other_stream(prev_key, norm, lineno)):
             return
@@ -217,10 +236,11 @@ class LineProcessor:
             self._add(matches, refs[0], norm.time, seq, tb)
             if _explains(matches):
                 self._explains_neighbours(st, lineno, chain)
-            return
+            if decisive:
+                return
         if in_frames or not (ids or closed is not None):
             return
-        score, wrapper = relevance(norm.text, closed is not None, trigger_hit=bool(sig_ids))
+        score, wrapper = relevance(norm.text, closed is not None, trigger_hit=any(self.sig.has_strong[i] for i in sig_ids))
         if score:
             wrapper = wrapper or self.summary.in_entry  # torchrun's summary repeats what a rank printed
             last = st.last_match
@@ -241,7 +261,7 @@ class LineProcessor:
         """Signatures matching a wrapped line joined with its continuation (the first form that matches)."""
         for text in texts:
             ids = [i for i in self.sig.ids_in(text) if self.sig.has_signature[i]]
-            found = match_line(self.sig, ids, [text]) if ids else []
+            found = match_line(self.sig, ids, [text], prose=False) if ids else []
             if found:
                 return found
         return []
@@ -252,13 +272,15 @@ class LineProcessor:
         ``last`` line (the paste stops there) or as long as lines that trackers and terminals cut
         (:data:`CUT_WIDTH`); a shorter line in the middle of a log is taken as complete."""
         assert st.pending is not None
-        prev, prev_line = st.pending
+        prev, prev_line, _ = st.pending
         st.pending = None
         if not last and len(prev.text) < CUT_WIDTH:
             return
         ids = [i for i in self.sig.ids_in(prev.text) if self.sig.has_signature[i]]
         tb = st.closed_tb if 0 <= prev_line - st.closed_at <= 2 else ()
-        found = _in_context(match_line(self.sig, ids, [prev.text], cut=True), tb) if ids else []
+        texts = [prev.text] if prev.clean == prev.text else [prev.text, prev.clean]  # clean: the head alone
+        ids = ids or [i for i in self.sig.ids_in(prev.clean) if self.sig.has_signature[i]]
+        found = _in_context(match_line(self.sig, ids, texts, cut=True, prose=prev_line <= PROSE_LINES), tb) if ids else []
         if not found:
             return
         ref = LineRef(self.source.name, prev_line, prev.clean, prev.rank, prev.host)
@@ -277,16 +299,25 @@ class LineProcessor:
         is another stream's pending, cut-looking line and the join matches; True when it did."""
         key, prev_line = prev_key
         pst = self.streams.get(key) if key is not None and prev_line == lineno - 1 else None
-        if pst is None or pst.pending is None or pst.pending[1] != prev_line:
-            return False
-        prev = pst.pending[0]
+        if pst is None or pst.pending is None:
+            return False  # (the previous line was that stream's: its pending ends there)
+        prev, prev_line, triggered = pst.pending
         if not _looks_cut(prev.text, norm.text):
             return False
         tb = pst.closed_tb if 0 <= prev_line - pst.closed_at <= 2 else ()
         # a terminal wraps at a column: the exact concatenation first, then as words
-        matches = _in_context(self._joined([prev.text + norm.text, prev.text.rstrip() + " " + norm.text.strip()]), tb)
+        spaced = prev.text.rstrip() + " " + norm.text.strip()
+        matches = _in_context(self._joined([prev.text + norm.text, spaced]), tb)
         if not matches:
-            return False
+            if len(spaced) > MAX_JOINED:
+                return False
+            # wrapped over more lines: keep joining on that rank's stream
+            pst.pending = (replace(prev, text=prev.text + norm.text), prev_line, triggered)
+            own = self.streams.get(None)
+            if own is not None and own.pending is not None and own.pending[1] == lineno:
+                own.pending = None
+            self.prev = (key, lineno)
+            return True
         src = self.source
         first = LineRef(src.name, prev_line, prev.clean, prev.rank, prev.host)
         self._rank_host(first)
@@ -417,9 +448,14 @@ def _looks_cut(head: str, cont: str) -> bool:
     """``head`` may continue on the next line: it does not end a sentence, and ``cont`` does not
     start a record of its own (a traceback, a frame, an exception line)."""
     h, c = head.rstrip(), cont.strip()
-    if not h or not c or h[-1] in ".!?":
+    if not h or not c or (h[-1] in ".!?" and not (c[0].islower() or c[0] in "([{'\"/<`")):
         return False
-    return not (c.startswith(("File \"", TRACEBACK)) or looks_like_exception_line(c))
+    return not (c.startswith(("File \"", TRACEBACK)) or _STARTS_RECORD.match(c))
+
+
+_STARTS_RECORD = re.compile(r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning|Interrupt|Exit)\b|\[?rank\d+\]?:|\[[EWIF]\d"
+                            r"|frame #\d|Exception raised from ")
+"""A line that starts a record of its own (an exception, another rank's line, a glog line), not a continuation."""
 
 
 def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None:

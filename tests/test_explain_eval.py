@@ -32,6 +32,10 @@ FIXTURES = REPO / "tests" / "fixtures"
 RIGHT_FAMILY_FLOOR = 0.90
 FIX_NAMED_FLOOR = 0.90
 MIN_REPORTS = 80
+# The world set (issue 9), measured 2026-11-24: frozen half 58.3% (56/96; 39.6% before any change,
+# keyword grep 52.1%), tune half 94.3% (82/87; tuned to). Floors rounded down to 5%; never lowered.
+WORLD_FROZEN_FLOOR = 0.55
+WORLD_TUNE_FLOOR = 0.90
 MIN_FAMILIES = 14
 
 
@@ -161,6 +165,13 @@ def test_accuracy_does_not_regress(measured) -> None:
         f"right family first fell to {summary['right_family_first']:.1%} (floor {RIGHT_FAMILY_FLOOR:.0%}); misses:\n{misses}")
     assert summary["fix_named"] >= FIX_NAMED_FLOOR, (
         f"fix named fell to {summary['fix_named']:.1%} (floor {FIX_NAMED_FLOOR:.0%})")
+
+
+def test_world_accuracy_does_not_regress() -> None:
+    """Totals only (the frozen half's misses are never listed, not even here)."""
+    for root, floor in ((H.SETS["frozen"], WORLD_FROZEN_FLOOR), (H.SETS["tune"], WORLD_TUNE_FLOOR)):
+        _, summary = H.run(root)
+        assert summary["right_family_first"] >= floor, f"{root.name}: {summary['right_family_first']:.1%} < {floor:.0%}"
 
 
 def test_harness_judges_hits_and_misses(measured) -> None:

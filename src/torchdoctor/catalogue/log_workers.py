@@ -109,14 +109,12 @@ TD563 = register(Code(
     related=("TD564", "TD553", "TD554", "TD560"),
     signatures=(
         Signature(
-            # An exit status names no cause (a small /dev/shm, the OOM killer and a native error handler all end
-            # here): a hypothesis, weighed against TD158 (shm) and TD274 (host memory) on the same line.
-            role=Role.SYMPTOM,
+            # The worker exited with a status of its own (sys.exit, a native error handler): worker-crash, at a
+            # confidence that a stronger cause elsewhere in the log (a bus error, the OOM killer) outranks.
+            role=Role.ROOT_CAUSE,
             triggers=("exited unexpectedly with exit code",),
             pattern=r"DataLoader worker \(pid (?P<pid>\d+)\) exited unexpectedly with exit code (?P<exit_code>-?\d+)",
-            confidence=0.4,
-            confirm="Look above this line for what the worker printed before exiting (a traceback, a library's error "
-                    "message); rerun with `num_workers=0` to get the error in the main process.",
+            confidence=0.6,
         ),
     ),
 ))

@@ -53,8 +53,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
-import regex
+import regex  # type: ignore[import-untyped]
 
 FRAME_TAIL = 4
 """Traceback lines a ``frames=True`` pattern sees: the last source line and the three lines above it
@@ -164,7 +165,7 @@ class Signature:
         return tolerant(self.pattern) != self.pattern
 
     @cached_property
-    def tolerant_regex(self) -> regex.Pattern[str]:
+    def tolerant_regex(self) -> Any:
         """:attr:`pattern` accepting placeholders for values (module doc); supports partial matches."""
         return regex.compile(tolerant(self.pattern))
 
@@ -229,6 +230,6 @@ class Signature:
         text = "\n".join(line.strip() for line in traceback)
         return any(c in text for c in self.context)
 
-    def _values(self, m: re.Match[str] | regex.Match[str]) -> dict[str, str]:
+    def _values(self, m: Any) -> dict[str, str]:
         found = {k: v for k, v in m.groupdict().items() if v is not None}
         return {**self.values, **found}

@@ -159,6 +159,12 @@ class Signature:
     def exclusions(self) -> tuple[re.Pattern[str], ...]:
         return tuple(re.compile(e) for e in self.exclude)
 
+    @property
+    def symptom(self) -> bool:
+        """A symptom's match is a hypothesis: it never ends a wrapped message, opens no window and explains
+        no neighbouring error line (see :mod:`torchdoctor.explain.stream`)."""
+        return self.role is Role.SYMPTOM
+
     @cached_property
     def _has_values(self) -> bool:
         """Whether the pattern has values a placeholder could stand for (else its tolerant form is itself)."""
@@ -183,7 +189,7 @@ class Signature:
         t = self.tolerant_regex.search(line) if self._has_values else None
         if t is not None and self._holds_trigger(t.group(0)):
             return self._values(t)
-        if (cut or _CUT_MARKS.search(line)) and self.role is not Role.SYMPTOM:  # prose ends where it likes
+        if (cut or _CUT_MARKS.search(line)) and not self.symptom:  # prose ends where it likes
             return self._cut_match(line)
         return None
 

@@ -78,7 +78,7 @@ class SignatureIndex:
         self.encoded: list[bytes] = [lit.encode("utf-8") for lit in self.literals]
         self.candidates: list[tuple[Candidate, ...]] = [tuple(literals[lit]) for lit in self.literals]
         # a symptom's prose words ("rank", "process") open no window: only a failure's text may wrap
-        self.window: list[int] = [WINDOWS.get(lit, HIT_WINDOW if any(c.signature.role.value != "symptom" for c in literals[lit])
+        self.window: list[int] = [WINDOWS.get(lit, HIT_WINDOW if any(not c.signature.symptom for c in literals[lit])
                                               else 0) for lit in self.literals]
         self.generic: frozenset[int] = frozenset(i for i, lit in enumerate(self.literals) if lit in GENERIC or lit == TRACEBACK)
         self.cheap: frozenset[int] = frozenset(i for i in self.generic if not literals[self.literals[i]] and not self.window[i])
@@ -86,7 +86,7 @@ class SignatureIndex:
         self.has_signature: list[bool] = [any(not c.signature.frames for c in cs) for cs in self.candidates]
         """Literals that trigger a signature tried on log lines."""
         self.has_frames: list[bool] = [any(c.signature.frames for c in cs) for cs in self.candidates]
-        self.has_strong: list[bool] = [any(not c.signature.frames and c.signature.role.value != "symptom" for c in cs)
+        self.has_strong: list[bool] = [any(not c.signature.frames and not c.signature.symptom for c in cs)
                                        for cs in self.candidates]
         """Literals that trigger a signature naming a failure (not only a symptom's broad prose words)."""
         """Literals that trigger a ``frames=True`` signature (tried on a cut traceback's last source line)."""
@@ -102,7 +102,7 @@ class SignatureIndex:
         for i in sorted(ids):
             common = len(self.literals[i]) <= PROSE_WORD
             for cand in self.candidates[i]:
-                if not prose and common and cand.signature.role.value == "symptom":
+                if not prose and common and cand.signature.symptom:
                     continue
                 if cand.signature.frames == frames and id(cand.signature) not in seen:
                     seen.add(id(cand.signature))

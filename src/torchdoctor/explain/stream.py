@@ -34,6 +34,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from ..signature import Role
 from .collect import MAX_RANKS, Collector, Event, Matches
 from .match import FAST_AFTER, PROSE_LINES, TRACEBACK, Scanner, SignatureIndex, match_frames, match_line
 from .model import LineRef
@@ -203,7 +204,7 @@ class LineProcessor:
         refs = [ref]
         grown = False
         # symptoms never stop a line from being the head or the tail of a wrapped message
-        decisive = any(c.signature.role.value != "symptom" for c, _ in matches)
+        decisive = any(not c.signature.symptom for c, _ in matches)
         if not decisive and st.pending is not None and 0 < lineno - st.pending[1] <= 3:
             prev, prev_line, triggered = st.pending
             spaced = prev.text.rstrip() + " " + norm.text.strip()
@@ -276,10 +277,9 @@ class LineProcessor:
         st.pending = None
         if not last and len(prev.text) < CUT_WIDTH:
             return
-        ids = [i for i in self.sig.ids_in(prev.text) if self.sig.has_signature[i]]
         tb = st.closed_tb if 0 <= prev_line - st.closed_at <= 2 else ()
         texts = [prev.text] if prev.clean == prev.text else [prev.text, prev.clean]  # clean: the head alone
-        ids = ids or [i for i in self.sig.ids_in(prev.clean) if self.sig.has_signature[i]]
+        ids = [i for i in self.sig.ids_in("\n".join(texts)) if self.sig.has_signature[i]]
         found = _in_context(match_line(self.sig, ids, texts, cut=True, prose=prev_line <= PROSE_LINES), tb) if ids else []
         if not found:
             return
@@ -436,7 +436,7 @@ class LineProcessor:
 
 def _explains(matches: Matches) -> bool:
     """Whether a match explains the unmatched error lines around it (advice and symptoms do not)."""
-    return any(cand.signature.role.value not in ("advice", "symptom") for cand, _ in matches)
+    return any(cand.signature.role not in (Role.ADVICE, Role.SYMPTOM) for cand, _ in matches)
 
 
 def _in_context(matches: Matches, tb: tuple[str, ...]) -> Matches:

@@ -9,14 +9,18 @@ from typing import Any
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).parent.parent
+# shared helpers live in tests/support (test modules never import from one another); their asserts
+# are rewritten like a test's, so a failing helper shows its operands
+pytest.register_assert_rewrite("tests.support")
+
+from .support import FIXTURES as FIXTURES, REPO as REPO  # noqa: E402  (re-exported to the test modules)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, the way a user does."""
     full_env = dict(os.environ)
     full_env.pop("NO_COLOR", None)
+    full_env.pop("COLUMNS", None)  # piped output is 100 columns wide unless a test sets COLUMNS itself
     if env:
         full_env.update(env)
     return subprocess.run(

@@ -16,7 +16,7 @@ from torchdoctor.explain.relevance import UnmatchedStore, relevance
 from torchdoctor.registry import lookup
 
 from .conftest import run_cli
-from .test_explain_support import (
+from .support.explain import (
     CONSOLE,
     FIXTURES,
     TD150_LOG,
@@ -30,7 +30,8 @@ TD150_LINE = "RuntimeError: received 0 items of ancdata"
 REAL_LINES = fixture_body(TD150_LOG) + CONSOLE.read_text(encoding="utf-8").split("\n")
 
 
-def _check(report) -> dict:
+def check_report(report) -> dict:
+    """The report survives a JSON round trip, with a schema version and well-formed diagnoses; its dict."""
     doc = json.loads(json.dumps(report.to_dict()))
     assert doc["schema_version"] == 1
     for d in doc["diagnoses"]:
@@ -41,7 +42,7 @@ def _check(report) -> dict:
 @settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=4096))
 def test_arbitrary_bytes(data: bytes) -> None:
-    _check(explain(data, codes=CODES))
+    check_report(explain(data, codes=CODES))
 
 
 @settings(max_examples=100, deadline=None)
@@ -49,7 +50,7 @@ def test_arbitrary_bytes(data: bytes) -> None:
 def test_shuffled_and_truncated_real_lines(lines: list[str], data: st.DataObject) -> None:
     text = "\n".join(lines)
     cut = data.draw(st.integers(0, len(text)))
-    _check(explain(text[:cut], codes=CODES))
+    check_report(explain(text[:cut], codes=CODES))
 
 
 @settings(max_examples=100, deadline=None)
@@ -76,17 +77,21 @@ def test_prefixes_never_hide_a_signature(prefix: str, rank: int, stamp: str, ans
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(min_size=1, max_size=2048))
 def test_gzip_of_garbage_and_garbage_after_gzip(data: bytes) -> None:
-    _check(explain(gzip.compress(data), codes=CODES))
-    _check(explain(gzip.compress(TD150_LOG.read_bytes()) + data, codes=CODES))
-    _check(explain(b"\x1f\x8b" + data, codes=CODES))
+    check_report(explain(gzip.compress(data), codes=CODES))
+    check_report(explain(gzip.compress(TD150_LOG.read_bytes()) + data, codes=CODES))
+    check_report(explain(b"\x1f\x8b" + data, codes=CODES))
 
 
 def test_truncated_tracebacks_everywhere() -> None:
     body = "\n".join(fixture_body(TD150_LOG))
-    for cut in range(0, len(body), 37):
-        doc = _check(explain(body[:cut], codes=CODES))
+    cuts = list(range(0, len(body), 37)) + [len(body)]
+    named = 0
+    for cut in cuts:
+        doc = check_report(explain(body[:cut], codes=CODES))
         if TD150_LINE in body[:cut]:
-            assert doc["diagnoses"][0]["code"] == "TD150"
+            assert doc["diagnoses"][0]["code"] == "TD150", cut
+            named += 1
+    assert named, "no cut reached the TD150 line: the loop above checked nothing"
 
 
 TD450_LAB = FIXTURES / "logs" / "TD450" / "lab-dist-env-missing-rank.log"
@@ -99,7 +104,7 @@ def test_a_recorded_traceback_cut_at_every_line() -> None:
     body = [line for line in fixture_body(TD450_LAB) if line.strip()]
     raise_at = next(i for i, line in enumerate(body, 1) if line.strip().startswith("raise _env_error("))
     for n in range(len(body) + 1):
-        doc = _check(explain(body[:n]))
+        doc = check_report(explain(body[:n]))
         assert ("TD450" in [d["code"] for d in doc["diagnoses"]]) == (n >= raise_at), n
 
 
@@ -140,10 +145,19 @@ def test_cli_empty_input(tmp_path: Path) -> None:
 
 
 def test_cli_binary_garbage(tmp_path: Path) -> None:
+    # garbage inside a log (its first block is text): read through, the line after it still found
+    head = "".join(f"[rank0]: step {i} loss 1.0000\n" for i in range(400)).encode()
+    assert len(head) > 8192
     garbage = tmp_path / "core.log"
-    garbage.write_bytes(os.urandom(3 * 1024 * 1024) + b"\n" + TD150_LINE.encode() + b"\n" + os.urandom(1024))
+    garbage.write_bytes(head + os.urandom(3 * 1024 * 1024) + b"\n" + TD150_LINE.encode() + b"\n" + os.urandom(1024))
     code, doc = _cli_json(str(garbage))
     assert code == 0 and "TD150" in [d["code"] for d in doc["diagnoses"]]
+    # binary from its first byte is not a log: refused as a usage error (tests/test_explain_sources_binary.py)
+    binary = tmp_path / "core.bin.log"
+    binary.write_bytes(os.urandom(3 * 1024 * 1024) + b"\n" + TD150_LINE.encode() + b"\n")
+    proc = run_cli("explain", str(binary))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "not a log" in proc.stderr
 
 
 def test_cli_ten_megabyte_line(tmp_path: Path) -> None:

@@ -96,16 +96,18 @@ def cli() -> None:
 @click.option("--start-method", type=click.Choice(["fork", "spawn", "forkserver"]), default=None, help="Start method of the process that will iterate the DataLoader (default: Python's).")
 @click.option("--sharing-strategy", type=click.Choice(["file_descriptor", "file_system"]), default=None, help="torch.multiprocessing sharing strategy the run sets (default: torch's).")
 @click.option("--no-torch", is_flag=True, help="Skip facts about the installed torch (fastest).")
+@click.option("-v", "--verbose", is_flag=True, help="Show what was checked and found fine one line each, with how it was judged.")
 def check(
     fmt: str, fail_on: str, facts_file: str | None, num_workers: int, batch_bytes: int,
     prefetch_factor: int, nproc_per_node: int | None, paths: tuple[str, ...], expect_bytes: int | None,
-    dist: bool, start_method: str | None, sharing_strategy: str | None, no_torch: bool,
+    dist: bool, start_method: str | None, sharing_strategy: str | None, no_torch: bool, verbose: bool,
 ) -> None:
     """Audit this machine (or a recorded one) before training.
 
     Reads /dev/shm, vm.max_map_count, open-file limits, memory and cgroup limits, CPU threads,
     GPUs (through NVML, without creating a CUDA context), the distributed environment and the
-    paths you name; reports each risk with its evidence and fix.
+    paths you name; reports each risk with its evidence and fix, and what was checked and found
+    fine (one line; --verbose: one line each; JSON: "passed").
 
     \b
     Examples:
@@ -114,7 +116,7 @@ def check(
       torchdoctor check --path /checkpoints --expect-bytes 20GiB --fail-on warning
       torchdoctor check --facts recorded-node.json --format json
     """
-    from .checks import run_checks
+    from .checks import audit
     from .facts import Facts, GatherContext, gather
     from .report import render_findings
 
@@ -130,10 +132,13 @@ def check(
         num_workers=num_workers, batch_bytes=batch_bytes, prefetch_factor=prefetch_factor,
         expect_bytes=expect_bytes, dist=dist, start_method=start_method,
         sharing_strategy=sharing_strategy, nproc_per_node=nproc_per_node,
+        assumed=frozenset(name for name in ("num_workers",)
+                          if click.get_current_context().get_parameter_source(name) is click.core.ParameterSource.DEFAULT),
     )
-    findings = run_checks(facts, options)
-    render_findings(findings, fmt, "check", sys.stdout, {"source": source})
-    sys.exit(int(exit_code_for(findings, fail_on)))
+    result = audit(facts, options)
+    render_findings(result.findings, fmt, "check", sys.stdout, {"source": source, "machine": result.machine},
+                    passed=result.passed, verbose=verbose)
+    sys.exit(int(exit_code_for(result.findings, fail_on)))
 
 
 @cli.command(context_settings=CONTEXT_SETTINGS)
@@ -145,8 +150,12 @@ def check(
 def facts(fmt: str, paths: tuple[str, ...], dist: bool, no_torch: bool, show_uuids: bool) -> None:
     """Print what torchdoctor reads from this machine, as replayable JSON.
 
-    Secrets are redacted: any environment variable whose name contains TOKEN, KEY, SECRET,
-    PASSWORD, PASS, CREDENTIAL or AUTH. GPU UUIDs are anonymised unless --show-uuids.
+    Secrets are redacted, by name: environment variables named like TOKEN, KEY, SECRET,
+    PASSWORD, PASS, PWD, CREDENTIAL, AUTH, COOKIE, JWT, WEBHOOK, CONNECTION_STRING (as words:
+    MONKEY and TOKENIZERS_PARALLELISM stay readable); and by shape, in every other value and in
+    the command line of the process holding MASTER_PORT: credentials in URLs, token=/password=/
+    AccountKey=/?api_key= values, secret flags' values, Bearer tokens and known token formats
+    (GitHub, Slack, AWS, Hugging Face, OpenAI, JWTs). GPU UUIDs are anonymised unless --show-uuids.
 
     \b
       torchdoctor facts > node7.json
@@ -185,10 +194,18 @@ def codes(code: str | None, family: str | None, prefix: str | None, fmt: str) ->
       torchdoctor codes TD101              one code in full
       torchdoctor codes shm-too-small      the same, by name
     """
-    from .registry import lookup, select
+    from .errors import UnknownCodeError
+    from .registry import all_codes, lookup, select
     from .report import codes as codes_report
 
-    chosen = [lookup(code)] if code else select(family=family, prefix=prefix)
+    if code:
+        try:
+            chosen = [lookup(code)]
+        except UnknownCodeError as exc:
+            close, hint = codes_report.suggest(exc.key, all_codes())
+            raise UnknownCodeError(exc.key, close, hint=hint) from None
+    else:
+        chosen = select(family=family, prefix=prefix)
     if fmt == "json":
         codes_report.write_json(chosen, sys.stdout)
     elif fmt == "markdown":

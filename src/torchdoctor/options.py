@@ -26,6 +26,10 @@ class CheckOptions:
     sharing_strategy: str | None = None
     """torch.multiprocessing sharing strategy the run will use (None: torch's default)."""
     nproc_per_node: int | None = None
+    assumed: frozenset[str] = frozenset()
+    """Options the user did not give (their defaults are assumptions): checks that would only
+    judge an assumed value stay silent (``--num-workers`` left at its default says nothing of the
+    loader the run will really build)."""
 
     def shm_need_bytes(self) -> int:
         """Bytes of /dev/shm that in-flight batches occupy: workers x prefetch x batch."""

@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..registry import Code
 
 _loaded: set[str] = set()
+
+#: Preflight checks for codes declared in a ``log_*`` module: the same code (name, family, title, doc
+#: sections), with a message and fix worded for a check made before the run and the ``check`` function.
+#: A preflight module adds to it when imported; :func:`torchdoctor.checks.preflight_codes` runs them.
+PREFLIGHT_VARIANTS: dict[str, Code] = {}
 
 
 def load(logs_only: bool = False) -> None:

@@ -7,13 +7,16 @@ OpenCV's pool) and ``host.env.LOCAL_WORLD_SIZE`` through :func:`.memory.nproc`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from ..facts import Facts
 from ..facts.cpu import THREAD_ENV, env_threads
 from ..model import Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
+from . import PREFLIGHT_VARIANTS
 from ._util import Evidence, ev
+from .log_workers import TD570 as _TD570_LOG
 from .memory import nproc
 
 POOL_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -196,3 +199,50 @@ register(Code(
     related=("TD253",),
     check=_check_env_invalid,
 ))
+
+
+# -- TD570 before the run: more DataLoader workers than usable CPUs -------------------------------------
+def _cpus(value: float) -> str:
+    return f"{value:g}"
+
+
+def _check_workers_exceed_cpus(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
+    usable, usable_threads = facts.get("cpu.usable_cores"), facts.get("cpu.usable_threads")
+    if usable is None or not usable_threads or opts.num_workers == 0 or "num_workers" in opts.assumed:
+        return
+    n = nproc(facts, opts)
+    workers = n * opts.num_workers
+    if workers <= usable_threads:
+        return
+    per = int(usable_threads) // n
+    limited = {"logical": "the CPUs online", "affinity": "its CPU affinity mask",
+               "cgroup-quota": "its cgroup CPU quota"}.get(str(facts.get("cpu.usable_limited_by")), "?")
+    arithmetic = f"{n} training processes × {opts.num_workers}" if n > 1 else f"--num-workers {opts.num_workers}"
+    evidence = [ev("DataLoader workers on this machine", f"{arithmetic} = {workers}", "--num-workers × processes")]
+    if facts.get("cpu.affinity_cores") is not None:
+        evidence.append(ev("CPUs this process may run on", facts.get("cpu.affinity_cores"),
+                           "/proc/self/status Cpus_allowed_list"))
+    quota = facts.get("cpu.cgroup_quota_cpus")
+    if quota is not None:
+        evidence.append(ev("cgroup CPU quota (CPUs)", _cpus(quota), facts.get("cpu.cgroup_quota_source") or "cpu.max"))
+    evidence.append(ev("usable CPUs", _cpus(usable), f"limited by {limited}"))
+    yield Hit(
+        {"workers": workers, "arithmetic": arithmetic, "usable": _cpus(usable), "limited": limited, "n": n,
+         "suggest": per if per > 0 else "0 (load in the main process) or 1", "suggested": usable_threads},
+        tuple(evidence),
+    )
+
+
+PREFLIGHT_VARIANTS["TD570"] = replace(
+    _TD570_LOG,
+    message="{workers} DataLoader worker processes ({arithmetic}), more than the {usable} CPUs this process may use "
+            "(limited by {limited}): the workers compete for cores with each other and with the training loop, so "
+            "loading gets slower and can stall or freeze. torch's DataLoader warns about the same at start-up.",
+    fix="Lower `num_workers` to at most {suggest} per training process: the CPUs the process may use "
+        "(`len(os.sched_getaffinity(0))`, or the cgroup CPU quota when it is lower) divided by the training "
+        "processes on the machine, never `os.cpu_count()` alone (it ignores cpusets, containers and other ranks). "
+        "Keep each worker single-threaded (`torch.set_num_threads(1)`, `cv2.setNumThreads(0)` in `worker_init_fn`, "
+        "`OMP_NUM_THREADS=1`).",
+    check=_check_workers_exceed_cpus,
+    signatures=(),
+)

@@ -129,7 +129,8 @@ TD653 = register(Code(
     title="a file could not be opened: permission denied (EACCES)",
     message="Opening a file failed with `Permission denied` (EACCES){where}: the user the run runs as may not "
             "write (or read) there.",
-    fix="Give the training user the directory (`sudo chown -R $(id -u):$(id -g) DIR` or `chmod u+w DIR`), run the "
+    fix="Give the training user its own output directory (`sudo chown $(id -u):$(id -g) DIR` for a directory you "
+        "created for the run, never a system one; or `chmod u+w DIR`), run the "
         "container as the volume's owner (`docker run --user UID:GID`, Kubernetes `securityContext.fsGroup`), or "
         "write elsewhere. " + _PREFLIGHT,
     meaning="Mode bits or ACLs refuse the user: typical when the directory was created by root (in an image, by an "

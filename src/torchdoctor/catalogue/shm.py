@@ -45,7 +45,8 @@ TD101 = register(Code(
     title="/dev/shm is missing or not a tmpfs",
     message="/dev/shm {state}; DataLoader workers cannot hand tensors to the main process through it.",
     fix="Mount a tmpfs on /dev/shm: in Docker `--shm-size=8g` (or `--ipc=host`), in Kubernetes an emptyDir with "
-        "`medium: Memory` mounted at /dev/shm, on a bare host `mount -t tmpfs -o size=8g tmpfs /dev/shm`.",
+        "`medium: Memory` mounted at /dev/shm, on a bare host as root (while nothing uses /dev/shm) "
+        "`mount -t tmpfs -o size=8g tmpfs /dev/shm`.",
     meaning="POSIX shared memory on Linux lives in the tmpfs mounted at /dev/shm. torch's multiprocessing puts every "
             "tensor a worker returns into a segment there (both sharing strategies use it).",
     why="Minimal container images and some sandboxes do not mount /dev/shm, or bind it to a disk directory.",
@@ -141,7 +142,8 @@ def _check_leaked_segments(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     if not dead:
         return
     yield Hit(
-        {"count": seg["count"], "bytes": human_bytes(seg["bytes"]), "dead": ", ".join(map(str, dead[:8]))},
+        {"count": seg["count"], "bytes": human_bytes(seg["bytes"]), "dead": ", ".join(map(str, dead[:8])),
+         "listing": " ".join(f"/dev/shm/torch_{pid}_*" for pid in dead[:8])},
         (ev("torch_* segments", seg["count"], "/dev/shm"), ev("their size", human_bytes(seg["bytes"]), "/dev/shm"),
          ev("creator pids no longer running", ", ".join(map(str, dead[:8])), "/proc")),
     )
@@ -155,7 +157,9 @@ TD104 = register(Code(
     area="shm",
     title="torch shared-memory segments left behind by dead processes",
     message="{count} torch_* segments ({bytes}) in /dev/shm belong to processes that are gone (pids {dead}).",
-    fix="After making sure no job of yours is running: `find /dev/shm -maxdepth 1 -name 'torch_*' -user $USER -delete`.",
+    fix="See which they are and who owns them: `ls -l {listing}` (the number after torch_ is the pid that created "
+        "the segment). torchdoctor removes nothing it did not create: once you are sure no job still uses them, "
+        "their owner can remove them, or a reboot frees the memory.",
     meaning="Segments created with the file_system sharing strategy are removed by torch_shm_manager; when a job is "
             "killed with SIGKILL they can stay and occupy shared memory until removed or the host reboots.",
     why="A killed job (OOM killer, `kill -9`, a preempted node) never ran the cleanup.",

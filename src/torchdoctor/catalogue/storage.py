@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,7 +10,7 @@ from ..facts import Facts
 from ..model import Evidence, Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
-from ._util import ev, human_bytes
+from ._util import OWN_DIRECTORY, ev, human_bytes, is_system_path, system_root
 
 GiB = 1024**3
 #: With no --expect-bytes, less than this free is worth a warning: one checkpoint with optimizer state is often more.
@@ -83,22 +84,46 @@ def _groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
+def _untouchable(e: dict[str, Any], where: str) -> str | None:
+    """Why a fix must not change ``where`` (owner, mode, attributes), or None when it may.
+
+    System paths are never changed, and neither is a symbolic link: chown and chattr act on its target.
+    """
+    if is_system_path(where):
+        return f"{where} belongs to the system"
+    if e.get("is_symlink") and where == _name(e):
+        return f"{where} is a symbolic link (a change would apply to whatever it points to)"
+    return None
+
+
 def _remedy(code: str | None, e: dict[str, Any], where: str) -> str:
+    """The errno-specific part of a fix. Never destructive: nothing is moved, deleted or changed recursively,
+    and a system path or a symbolic link is never changed at all (see :func:`_untouchable`)."""
     owner = _sub(e, "owner")
     mp = _mount(e).get("mount_point", "the mount")
-    return {
-        "EACCES": f"`sudo chown -R $(id -u):$(id -g) {where}` (or `chmod u+w {where}`), or in a container run as the "
-                  f"volume's owner (`docker run --user {owner.get('uid', 'UID')}:{owner.get('gid', 'GID')}`, "
-                  "Kubernetes `securityContext.fsGroup`)",
-        "EPERM": f"`lsattr -d {where}`: if it shows `i` (immutable) or `a` (append-only), `sudo chattr -i -a {where}`; "
+    hands_off = _untouchable(e, where)
+    container = (f"in a container run as the volume's owner (`docker run --user {owner.get('uid', 'UID')}:"
+                 f"{owner.get('gid', 'GID')}`, Kubernetes `securityContext.fsGroup`)")
+    if hands_off:
+        eacces = f"{hands_off}: leave its owner and mode as they are and write under {OWN_DIRECTORY}, or {container}"
+        eperm = (f"`lsattr -d {where}` shows an immutable (`i`) or append-only (`a`) attribute, `ls -Zd {where}` and "
+                 f"`ausearch -m avc` an SELinux/AppArmor denial; {hands_off}, so leave them as they are and write "
+                 f"under {OWN_DIRECTORY}")
+    else:
+        eacces = (f"`sudo chown $(id -u):$(id -g) {where}` (this directory only; or `chmod u+w {where}` if you own it), "
+                  f"or {container}")
+        eperm = (f"`lsattr -d {where}`: if it shows `i` (immutable) or `a` (append-only), `sudo chattr -i -a {where}`; "
                  f"otherwise look for an SELinux/AppArmor denial (`ls -Zd {where}`, `ausearch -m avc`; Docker volumes "
-                 "need the `:z` suffix under SELinux)",
+                 "need the `:z` suffix under SELinux)")
+    return {
+        "EACCES": eacces,
+        "EPERM": eperm,
         "EROFS": f"{mp} is mounted read-only (see TD605): write to a writable volume",
         "ENOSPC": "the file system is full (see TD606)",
         "EDQUOT": "your quota is used up (see TD606)",
         "ESTALE": f"the NFS file handle is stale (the directory was removed or re-exported on the server): leave the "
                   f"directory, remount {mp} or recreate the directory",
-        "ENOTDIR": f"{where} is a file, not a directory: move it away or choose another path",
+        "ENOTDIR": f"{where} is a file, not a directory: choose another path (and leave {where} as it is)",
     }.get(code or "", f"choose a directory on a writable, disk-backed file system instead of {where}")
 
 
@@ -111,9 +136,21 @@ def _check_not_creatable(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
         where = str(e.get("nearest_existing") or wt.get("where"))
         yield Hit(
             {"path": _name(e), "ancestor": where, "errno": wt.get("errno"), "strerror": wt.get("message"),
-             "remedy": _remedy(wt.get("errno"), e, where)},
+             "remedy": _remedy(wt.get("errno"), e, where), "handover": _handover(e, wt.get("errno"))},
             (ev("path", "does not exist", _name(e)), ev("nearest existing ancestor", where, "lstat"), _ev_write(e)),
         )
+
+
+def _handover(e: dict[str, Any], errno_name: str | None) -> str:
+    """TD601: how to create the directory for the training user, unless it would be under a system tree."""
+    path = _name(e)
+    root = system_root(path)
+    if root is not None:
+        return f"Do not create {path}: {root} belongs to the system. "
+    if errno_name == "ENOTDIR":
+        return ""
+    return (f"Or create it as someone who may, and hand it over: `sudo mkdir -p {path} && sudo chown $(id -u):$(id -g) "
+            f"{path}`. ")
 
 
 TD601 = register(Code(
@@ -121,8 +158,8 @@ TD601 = register(Code(
     title="A path the run writes does not exist and cannot be created",
     message="{path} does not exist and cannot be created: writing in its nearest existing ancestor {ancestor} "
             "fails with {errno} ({strerror}).",
-    fix="Create it as someone who may, and hand it over (`sudo mkdir -p {path} && sudo chown $(id -u):$(id -g) "
-        "{path}`), or point the run at a directory you can write. Here: {remedy}.",
+    fix="Point the run at a directory you can write (under $HOME, or the job's scratch directory). {handover}"
+        "Here: {remedy}.",
     meaning="The directory is missing, and the process could not create a file in the closest directory that does "
             "exist, so neither `os.makedirs` nor the first `torch.save` will succeed.",
     why="A path typed for another machine or user, a parent owned by root, a read-only or full parent mount, or a "
@@ -162,15 +199,25 @@ TD602 = register(Code(
 def _check_not_a_directory(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for e in _entries(facts):
         if e.get("exists") is True and e.get("is_dir") is False:
-            yield Hit({"path": _name(e)}, (ev("path", "exists, not a directory", f"stat({_name(e)})"),))
+            yield Hit({"path": _name(e), "choice": _another_path(_name(e))},
+                      (ev("path", "exists, not a directory", f"stat({_name(e)})"),))
+
+
+def _another_path(path: str) -> str:
+    """TD603: what to pass instead of a file. The file itself is never moved or replaced."""
+    if is_system_path(path):
+        return f"{path} belongs to the system, so leave it alone and choose {OWN_DIRECTORY}"
+    parent = posixpath.dirname(path.rstrip("/")) or "/"
+    return (f"if {path} is a checkpoint or log file, pass the directory it is in ({parent}); otherwise choose another "
+            f"name for the directory and leave {path} as it is")
 
 
 TD603 = register(Code(
     code="TD603", name="path-not-a-directory", family="checkpoint-io", severity=Severity.ERROR, area="storage",
     title="A path given as a directory is a file",
     message="{path} exists but is not a directory; saving `{path}/<name>.pt` fails with NotADirectoryError.",
-    fix="Pass the directory that should hold checkpoints and logs (not a file in it), or move the file away: "
-        "`mv {path} {path}.old && mkdir -p {path}`.",
+    fix="Point --path and the run at a directory, not at a file: {choice}. Then test it with "
+        "`torchdoctor check --path DIR`.",
     meaning="--path names the directories a run writes into; this one is an existing file (or a link to one).",
     why="A checkpoint file name passed where a directory was expected, or an earlier run that wrote a file there.",
     false_positives="None when the path really is meant as a directory.",
@@ -232,9 +279,19 @@ def _check_read_only(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
         if how is None:
             continue
         m = _mount(e)
+        mp = m.get("mount_point")
+        if not mp:
+            volume, remount = "DIR", ""
+        elif is_system_path(mp):
+            volume, remount = "DIR", (f"; {mp} is a system mount, read-only on purpose (`docker run --read-only`, "
+                                      "Kubernetes `readOnlyRootFilesystem`, a read-only OS image): leave it so and "
+                                      "write to a volume mounted for the run")
+        else:
+            volume, remount = mp, (f"; on a host `sudo mount -o remount,rw {mp}` (after `dmesg` and fsck if the "
+                                   "kernel remounted it read-only because of I/O errors)")
         yield Hit(
-            {"path": _name(e), "how": how, "mount_point": m.get("mount_point", "its mount"),
-             "fstype": m.get("fstype", "unknown type")},
+            {"path": _name(e), "how": how, "mount_point": mp or "its mount", "fstype": m.get("fstype", "unknown type"),
+             "volume": volume, "remount": remount},
             (_ev_mount(e), _ev_write(e)) if m else (_ev_write(e),),
         )
 
@@ -243,10 +300,9 @@ TD605 = register(Code(
     code="TD605", name="path-read-only-mount", family="checkpoint-io", severity=Severity.ERROR, area="storage",
     title="A path the run writes is on a read-only mount",
     message="{path} is on a read-only mount ({mount_point}, {fstype}): {how}.",
-    fix="Write to a writable volume, or make this one writable: Docker `-v SRC:{mount_point}` without `:ro`; "
+    fix="Write to a writable volume, or make this one writable: Docker `-v SRC:{volume}` without `:ro`; "
         "Kubernetes `readOnly: false` on the volumeMount (ConfigMap, Secret and projected volumes are always "
-        "read-only); on a host `sudo mount -o remount,rw {mount_point}` (after `dmesg` and fsck if the kernel "
-        "remounted it read-only because of I/O errors).",
+        "read-only){remount}.",
     meaning="Every write under this mount fails with EROFS (OSError: [Errno 30] Read-only file system).",
     why="Read-only bind mounts and container volumes, dataset mounts shared read-only, or a file system the kernel "
         "switched to read-only after errors (`errors=remount-ro`).",

@@ -12,12 +12,18 @@ Directory layouts understood (rank and host are taken from the path when the lin
 * file names that carry a rank: ``rank3.log``, ``rank_3.out``, ``log.rank-3.txt``;
 * Slurm ``slurm-<jobid>.out`` and anything else named ``*.log``, ``*.out``, ``*.err``, ``*.txt``
   (also gzipped), ``stdout*``, ``stderr*``.
+
+Binary input (an executable, a checkpoint, a core dump, compressed data other than gzip) is not a
+log: :func:`sniff_binary` judges the first :data:`SNIFF` bytes (after gunzip). A file or stdin given
+explicitly is refused with a :class:`UsageError`; a binary file met while walking a directory
+(``a.out``) is skipped. Text and bytes handed to the Python API are always read.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -32,7 +38,31 @@ PIECE = 4 * 1024 * 1024
 """Bytes read at a time."""
 ERROR_JSON_MAX = 16 * 1024 * 1024
 
+SNIFF = 8192
+"""Bytes at the start of an input that decide whether it is text (``git`` and ``file`` look at as many)."""
+#: Share of control bytes (other than tab, newlines, form feed, backspace, escape) above which it is binary.
+BINARY_SHARE = 0.05
+
 _GZIP_MAGIC = b"\x1f\x8b"
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x7fELF", "an ELF executable or library"),
+    (b"PK\x03\x04", "a zip archive (a torch checkpoint saved with torch.save is one)"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"%PDF-", "a PDF document"),
+    (b"\x93NUMPY", "a numpy .npy array"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+    (b"SQLite format 3\x00", "an SQLite database"),
+    (b"\xfd7zXZ\x00", "xz-compressed data"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
+    (b"BZh", "bzip2-compressed data"),
+    (b"\xcf\xfa\xed\xfe", "a Mach-O executable"),
+    (b"\xca\xfe\xba\xbe", "a Mach-O or Java class file"),
+)
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\b\x1b")
+_NUL_RUN = 16
+"""NUL bytes in runs at least this long are a hole (a log truncated by logrotate's copytruncate), not data."""
+_INSTEAD = "give the text the run printed (stdout/stderr, *.log, *.out, error.json; gzip is fine)"
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 _TORCHRUN_RE = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stdout\.log|stderr\.log|error\.json)(?:\.gz)?$")
 _RANK_NAME_RE = re.compile(r"(?i)rank[_.-]?(\d{1,6})(?!\d)")
@@ -123,24 +153,130 @@ def resolve(inputs: Iterable[str | os.PathLike[str]]) -> list[Source]:
             continue
         path = Path(text)
         if path.is_dir():
-            files = walk(path)
+            found = walk(path)
+            files = [f for f in found if _regular_binary(f) is None]
             if not files:
-                raise UsageError(f"no log files under {text} (looked for *.log, *.out, *.err, *.txt, stdout*, stderr*, error.json, also gzipped)")
+                skipped = f"; {len(found)} binary file(s) skipped" if found else ""
+                raise UsageError(f"no log files under {text} (looked for *.log, *.out, *.err, *.txt, stdout*, stderr*, error.json, also gzipped{skipped})")
             sources += [file_source(f) for f in files]
         elif path.exists():
             if not os.access(path, os.R_OK):
                 raise UsageError(f"cannot read {text}: permission denied")
-            sources.append(file_source(path))
+            why = _regular_binary(path)
+            if why is not None:
+                raise UsageError(f"{text} is {why}, not a log: {_INSTEAD}")
+            source = file_source(path)
+            if not _is_regular(path):  # a pipe or a device (`explain <(cmd)`): judged as it is read, never twice
+                source.opener = _refusing(source.opener, text)
+            sources.append(source)
         else:
             raise UsageError(f"no such file or directory: {text}")
     return sources
+
+
+# --------------------------------------------------------------------------- binary input
+
+
+def sniff_binary(head: bytes) -> str | None:
+    """What a binary input is (``"an ELF executable or library"``), or None when ``head`` looks like text.
+
+    ``head`` is the start of the (gunzipped) input. Binary: a known magic number, UTF-16 (NUL bytes
+    between the characters), or more than :data:`BINARY_SHARE` control bytes once runs of NUL
+    padding are left out. Text in any 8-bit encoding (UTF-8, Latin-1, Shift-JIS ...) passes.
+    """
+    sample = head[:SNIFF]
+    for magic, what in _MAGIC:
+        if sample.startswith(magic):
+            return what
+    if sample[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return "UTF-16 text (convert it first: `iconv -f UTF-16 -t UTF-8 FILE > FILE.utf8.log`)"
+    body = _drop_nul_runs(sample)
+    if not body:
+        return None
+    if len(body) >= 8 and max(body[0::2].count(0), body[1::2].count(0)) > len(body) // 4:
+        return "UTF-16 text without a byte-order mark (convert it first: `iconv -f UTF-16LE -t UTF-8 FILE > FILE.utf8.log`)"
+    controls = sum(1 for b in body if (b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7F)
+    if controls > BINARY_SHARE * len(body):
+        return f"binary data ({controls * 100 // len(body)}% of its first {len(body):,} bytes are control bytes)"
+    return None
+
+
+def _drop_nul_runs(data: bytes) -> bytes:
+    run = b"\x00" * _NUL_RUN
+    if run not in data:
+        return data
+    return re.sub(rb"\x00{%d,}" % _NUL_RUN, b"", data)
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _regular_binary(path: Path) -> str | None:
+    """:func:`sniff_binary` of a regular file's start (gunzipped); None for text, pipes, devices and errors."""
+    if not _is_regular(path):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(SNIFF)
+    except OSError:
+        return None  # reading it later reports the error in its notes
+    if head[:2] == _GZIP_MAGIC:
+        head = _gunzip_head(head)
+    return sniff_binary(head)
+
+
+def _gunzip_head(data: bytes) -> bytes:
+    """Up to :data:`SNIFF` bytes of what the start of gzip ``data`` holds; b"" (read as usual, where a corrupt
+    stream is noted) when it cannot be decompressed."""
+    import zlib
+
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, SNIFF)
+    except zlib.error:
+        return b""
+
+
+def _refusing(opener: Callable[[], Iterator[bytes]], name: str) -> Callable[[], Iterator[bytes]]:
+    return lambda: _refuse_binary(opener(), name)
+
+
+def _refuse_binary(pieces: Iterator[bytes], name: str) -> Iterator[bytes]:
+    """Pass the pieces of a stream through, raising :class:`UsageError` when its first bytes are binary."""
+    head = b""
+    held: list[bytes] = []
+    judged = False
+    for piece in pieces:
+        if not judged:
+            held.append(piece)
+            head += piece[:SNIFF - len(head)]
+            if len(head) < SNIFF:
+                continue
+            judged = True
+            _judge(head, name)
+            yield from held
+            held = []
+            continue
+        yield piece
+    if not judged:
+        _judge(head, name)
+        yield from held
+
+
+def _judge(head: bytes, name: str) -> None:
+    why = sniff_binary(head)
+    if why is not None:
+        raise UsageError(f"{name} is {why}, not a log: {_INSTEAD}")
 
 
 def _stdin_pieces() -> Iterator[bytes]:
     stdin: Any = sys.stdin
     if stdin is None:  # no standard input at all (daemonised): nothing to read
         return iter(())
-    return stream_pieces(stdin.buffer if hasattr(stdin, "buffer") else stdin)
+    return _refuse_binary(stream_pieces(stdin.buffer if hasattr(stdin, "buffer") else stdin), "standard input")
 
 
 def text_source(data: str | bytes, name: str = "<text>") -> Source:
@@ -282,8 +418,12 @@ def _size(path: Path) -> int:
 # --------------------------------------------------------------------------- blocks of whole lines
 
 
-def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE) -> Iterator[Block]:
+def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True) -> Iterator[Block]:
     """Whole-line blocks from arbitrary pieces; a line past ``max_line`` bytes is cut there.
+
+    ``count=False`` leaves the newlines of the large blocks uncounted (``lines`` and
+    ``first_line`` are -1 there; the one-line blocks keep ``lines=1``): a reader that splits the
+    block into lines anyway counts them for free (see :func:`~.stream.read_all`).
 
     The partial line carried between pieces never exceeds ``max_line``; a longer line's tail is
     skipped up to its newline, so line numbers stay right. Memory: one piece plus ``max_line``.
@@ -312,9 +452,13 @@ def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE) -> Iterator[Block]
             line, carry, pos = line + 1, b"", nl + 1
         last = piece.rfind(b"\n", pos)
         if last >= 0:
-            n = piece.count(b"\n", pos, last + 1)
-            yield Block(piece, pos, last + 1, line, n)
-            line, pos = line + n, last + 1
+            if count:
+                n = piece.count(b"\n", pos, last + 1)
+                yield Block(piece, pos, last + 1, line, n)
+                line += n
+            else:
+                yield Block(piece, pos, last + 1, -1, -1)
+            pos = last + 1
         if len(piece) - pos > max_line:
             yield Block(piece[pos:pos + max_line] + b"\n", 0, max_line + 1, line, 1)
             line, skipping = line + 1, True
@@ -381,6 +525,7 @@ __all__ = [
     "prefetch",
     "rank_from_path",
     "resolve",
+    "sniff_binary",
     "text_source",
     "walk",
 ]

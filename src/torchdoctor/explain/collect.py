@@ -18,6 +18,7 @@ MAX_EVIDENCE = 6
 MAX_RANKS = 20_000
 """Ranks with a per-rank record; further ranks are only counted."""
 TIMELINE = 8
+HEAD_BYTES = 256 * 1024
 
 
 @dataclass(repr=False, eq=False)
@@ -94,8 +95,32 @@ class Collector:
     scanner: str = "python"
     skipped_repeats: int = 0
     """Error lines not read because two lines of the same shape already were."""
+    head: list[tuple[str, int, str]] = field(default_factory=list)
+    """``(source, first line, text)``: the first :data:`HEAD_BYTES` of each source, for the word
+    guess when no signature matched (:mod:`.cues`)."""
     trace: list[Event] | None = None
     """Every event in reading order, when asked for (:func:`torchdoctor.explain.shows`; small inputs)."""
+
+    def echo(self, key: tuple[str, str], rank: int | None, host: str | None) -> bool:
+        """One more line of an existing group's failure, seen by its shape (not matched again);
+        True when ``rank`` is new to the group."""
+        group = self.groups.get(key)
+        if group is None:
+            return False
+        group.count += 1
+        if rank is None or rank in group.ranks:
+            return False
+        if len(group.ranks) < 1_000_000:
+            group.ranks.add(rank)
+        rec = self.ranks.get(rank)
+        if rec is None:
+            if len(self.ranks) >= MAX_RANKS:
+                self.ranks_dropped += 1
+                return True
+            rec = self.ranks[rank] = RankRecord()
+        rec.host = rec.host or host
+        rec.codes[key[0]] = rec.codes.get(key[0], 0) + 1
+        return True
 
     def add(self, ev: Event) -> None:
         if self.trace is not None:

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..signature import Role
-from .collect import MAX_RANKS, Collector, Event, Matches
+from .collect import HEAD_BYTES, MAX_RANKS, Collector, Event, Matches
 from .match import FAST_AFTER, PROSE_LINES, TRACEBACK, Scanner, SignatureIndex, match_frames, match_line
 from .model import LineRef
 from .normalize import NormLine, SummaryTracker, Time, normalize, unflatten
@@ -102,11 +102,20 @@ class LineProcessor:
         self.chains = 0
         self.prev: tuple[int | None, int] | None = None
         """(stream, line number) of the last line read: where a continuation without prefix belongs."""
+        self.repeats: RepeatFilter | None = None
+        """Told of each line that showed a failure, to return its later echoes (see :meth:`echo`)."""
+        self.failed: list[tuple[str, str]] = []
+        """Group keys of the failures (root causes, cascades) the line being read showed."""
 
     # -- walking a block: which lines get decoded ------------------------------------------
 
-    def walk(self, block: Block, hits: list[tuple[int, int]], window_left: int) -> int:
-        """Feed the lines holding hits, and every line inside a window; return window bytes left."""
+    def walk(self, block: Block, hits: list[tuple[int, int]], window_left: int, extend: bool = True) -> int:
+        """Feed the lines holding hits, and every line inside a window; return window bytes left.
+
+        ``extend=False`` for lines read only because a window covers them although their shape
+        repeats (see :func:`_read_block`): they are read, but open no window of their own, so a
+        line repeated every few lines cannot chain windows over the whole log (a failure every
+        rank prints is still counted on every rank: see :meth:`echo`)."""
         data, start, end = block.data, block.start, block.end
         by_line: dict[int, set[int]] = {}
         if hits:
@@ -137,8 +146,11 @@ class LineProcessor:
             if ids and ls >= window_end and ids <= self.sig.cheap and self._seen_shape(data[ls:min(le, ls + 512)]):
                 cur, cur_line = le + 1, lineno + 1
                 continue
+            self.failed = []
             self.feed(lineno, data[ls:min(le, ls + MAX_LINE)], ids)
-            for i in ids:
+            if self.failed and self.repeats is not None:
+                self.repeats.watch(data[ls:le], tuple(self.failed))
+            for i in ids if extend else ():
                 w = self.sig.window[i]
                 if w and le + 1 + w > window_end:
                     window_end = le + 1 + w
@@ -257,6 +269,18 @@ class LineProcessor:
         for cand, values in matches:
             sig = cand.signature
             self.col.add(Event(cand.code.code, sig.role.value, sig.confidence, values, ref, time, seq, tb, how, joined, sig))
+            if sig.role in (Role.ROOT_CAUSE, Role.CASCADE):
+                self.failed.append((cand.code.code, sig.role.value))
+
+    def echo(self, raw: bytes, keys: tuple[tuple[str, str], ...]) -> bool:
+        """A line of the same shape as one that showed these failures, not read again: only its
+        rank and host are taken (every rank that printed the failure is counted and listed).
+        True when it named a rank the failure had not been seen on."""
+        norm = normalize(raw.decode("utf-8", "replace").rstrip("\r\n"), self.source.rank, self.source.host)
+        new = False
+        for key in keys:
+            new = self.col.echo(key, norm.rank, norm.host) or new
+        return new
 
     def _joined(self, texts: list[str]) -> Matches:
         """Signatures matching a wrapped line joined with its continuation (the first form that matches)."""
@@ -461,22 +485,26 @@ _STARTS_RECORD = re.compile(r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning|In
 def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None:
     for si, src in enumerate(sources):
         proc = LineProcessor(si, src, sig, col)
-        repeats = RepeatFilter()
+        repeats = proc.repeats = RepeatFilter()
         # small or unknown-size inputs start with the pure-Python scanner (no compile cost for a
         # pasted traceback); a stream that grows past FAST_AFTER switches to the fast one.
         scanner = sig.scanner(src.size if src.size is not None else 0)
-        it = blocks(src.pieces())
+        it = blocks(src.pieces(), count=False)
         if src.size is None or src.size > PREFETCH_OVER:
             it = prefetch(it)
-        window_left, seen = 0, 0
+        window_left, seen, line = 0, 0, 1
         try:
             for block in it:
                 seen += block.end - block.start
                 col.bytes += block.end - block.start
-                col.lines += block.lines
                 if seen > FAST_AFTER and src.size is None and scanner is sig.slow_scanner():
                     scanner = sig.scanner(None)
-                window_left = _read_block(proc, scanner, repeats, block, window_left)
+                if seen - (block.end - block.start) < HEAD_BYTES:
+                    head = block.data[block.start:min(block.end, block.start + HEAD_BYTES)]
+                    col.head.append((src.name, line, head.decode("utf-8", "replace")))
+                window_left, n = _read_block(proc, scanner, repeats, block, line, window_left)
+                line += n
+                col.lines += n
         except TruncatedInput as exc:
             col.notes.append(f"{src.name}: {exc}; the lines before it were read")
         except OSError as exc:
@@ -487,33 +515,47 @@ def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None
             col.scanner = scanner.name
 
 
-def _read_block(proc: LineProcessor, scanner: Scanner, repeats: RepeatFilter, block: Block, window_left: int) -> int:
-    """Scan and walk the runs of ``block`` that :class:`RepeatFilter` keeps; lines an open window
-    covers are read even when their shape repeats. Returns the window bytes left after the block."""
-    runs = repeats.runs(block.data, block.start, block.end)
+def _read_block(proc: LineProcessor, scanner: Scanner, repeats: RepeatFilter, block: Block, first_line: int,
+                window_left: int) -> tuple[int, int]:
+    """Scan and walk the runs of ``block`` (its first line is number ``first_line``) that
+    :class:`RepeatFilter` keeps; lines an open window covers are read even when their shape
+    repeats. Returns the window bytes left after the block, and the block's newline count."""
+    plan = repeats.runs(block.data, block.start, block.end)
+    runs, newlines = plan.runs, plan.newlines
+    if block.lines < 0 or block.first_line != first_line:
+        block = Block(block.data, block.start, block.end, first_line, newlines)
     if runs is None:
-        return proc.walk(block, scanner.scan(block.data, block.start, block.end), window_left)
+        return proc.walk(block, scanner.scan(block.data, block.start, block.end), window_left), newlines
     data, pos, line = block.data, block.start, block.first_line
 
-    def walk(s: int, e: int, left: int) -> int:
+    def walk(s: int, e: int, left: int, extend: bool = True) -> int:
         nonlocal line
         n = data.count(b"\n", s, e)
-        left = proc.walk(Block(data, s, e, line, n), scanner.scan(data, s, e), left)
+        left = proc.walk(Block(data, s, e, line, n), scanner.scan(data, s, e), left, extend)
         line += n
         return left
 
+    covered: list[tuple[int, int]] = []  # skipped lines read all the same: an open window covered them
     for s, e in [*runs, (block.end, block.end)]:
         while window_left and pos < s:  # an open window reads the skipped lines it covers
             stop = min(s, pos + window_left)
             nl = data.find(b"\n", stop - 1, s)
             stop = s if nl < 0 else nl + 1
             repeats.skipped -= data.count(b"\n", pos, stop)
-            window_left = walk(pos, stop, window_left)
+            window_left = walk(pos, stop, window_left, extend=False)
+            covered.append((pos, stop))
             pos = stop
         if pos < s:
-            line += data.count(b"\n", pos, s)
+            if s < e:  # line numbers matter only for a run still to read
+                line += data.count(b"\n", pos, s)
             window_left = 0
         if s < e:
             window_left = walk(s, e, window_left)
         pos = max(pos, e)
-    return window_left
+    k = 0
+    for s, e, shape, keys in repeats.echoes(data, block.start, block.end, plan):
+        while k < len(covered) and covered[k][1] <= s:
+            k += 1
+        if (k == len(covered) or s < covered[k][0]) and shape in repeats.echo:
+            repeats.echoed(shape, proc.echo(data[s:min(e, s + MAX_LINE)], keys))
+    return window_left, newlines

@@ -23,6 +23,10 @@ Rules, in order:
    a cascade weighing :data:`CASCADE_AS_ANSWER` of its confidence (it names where a failure
    showed, not what caused it), so ``diagnoses[0]`` is the best hypothesis and its confidence
    says how sure.
+8. When nothing names a cause (no root cause, cascade or hypothesis), the words of the log (its
+   first :data:`~.collect.HEAD_BYTES` and the error lines kept) may still point at a family
+   (:mod:`.cues`): a ``guess`` leads, with its words as the reason and a confidence of at most
+   :data:`~.cues.MAX_CONFIDENCE`. A guess does not count as explained (exit code 1).
 """
 
 from __future__ import annotations
@@ -146,6 +150,11 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     else:
         diagnoses += hypotheses
 
+    if not any(d.role in ("root-cause", "cascade", "hypothesis") for d in diagnoses):
+        word_guess = _word_guess(col, codes)
+        if word_guess is not None:
+            diagnoses.insert(0, word_guess)
+
     failures = col.failures
     elastic_root = next((f for f in failures if f.root), None)
     if root_diag is not None and elastic_root is not None and elastic_root.rank == root_diag.rank:
@@ -201,6 +210,39 @@ def _hypotheses(groups: list[Group], codes: dict[str, Code]) -> list[Diagnosis]:
     for d in out:
         d.notes.append("a hypothesis from a symptom: the log does not prove it; check it before acting")
     return sorted(out, key=lambda d: (-d.confidence, d.evidence[0].line if d.evidence else 0))
+
+
+def _log_words(col: Collector) -> str:
+    return "\n".join([t for _, _, t in col.head] + [u.ref.text for u in col.unmatched.items.values()])
+
+
+def _word_guess(col: Collector, codes: dict[str, Code]) -> Diagnosis | None:
+    """Rule 8: nothing recognised; the words of the log (its first part, and the error lines kept)
+    point at a family (:mod:`.cues`). A ``guess``: low confidence, its words as the reason."""
+    from . import cues
+
+    kept = [(u.ref, u.ref.text) for u in col.unmatched.items.values()]
+    g = cues.guess(_log_words(col), allowed_codes=codes.keys())
+    if g is None:
+        return None
+    code = codes[g.code]
+    evidence: list[LineRef] = []
+    for name, first, chunk in col.head:
+        for i, line in enumerate(chunk.splitlines()):
+            if len(evidence) < 3 and line.strip() and len(cues.tokens(line) & set(g.cues)) >= 2:
+                evidence.append(LineRef(name, first + i, line.strip()[:500]))
+    evidence += [ref for ref, t in kept if len(evidence) < 3 and cues.tokens(t) & set(g.cues)]
+    values = dict.fromkeys(code.placeholders(), "?")
+    finding = code.finding(Hit(values))
+    confirm = next((s.confirm for s in code.signatures if s.confirm), "")
+    return Diagnosis(
+        code=code.code, name=code.name, family=code.family, role="guess", confidence=g.confidence,
+        rank=None, host=None, title=code.title, message=finding.message, fix=finding.fix, evidence=evidence,
+        count=0, notes=[f"no line was recognised: a guess from the words of the log ({', '.join(g.cues)}); "
+                        "treat it as a lead, not a diagnosis"],
+        confirm=confirm or f"find the failing line in the full log and run `torchdoctor explain` on it; "
+                           f"`torchdoctor codes {code.code}` shows what that failure prints",
+    )
 
 
 def _rank_text(rank: int | None) -> str:

@@ -1,0 +1,83 @@
+"""The word guess: what explain says when no line is recognised (prose, a paste without its error)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from torchdoctor.explain import cues, explain
+
+from .conftest import REPO
+
+PROSE_SHM = ("Training inside docker with num_workers=8 dies after a few batches. The dataloader worker "
+             "gets killed, shared memory looks tiny, the container was started without --ipc=host or --shm-size.")
+
+
+def test_the_committed_model_is_what_the_labelled_texts_give() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "train_cues.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_model_is_never_trained_on_the_frozen_half() -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import train_cues
+
+    assert all("frozen" not in root.parts for root in train_cues.LABELLED)
+    frozen = {p.read_bytes() for p in (REPO / "tests" / "eval" / "world" / "frozen").glob("*/*.log")}
+    assert frozen
+    used = {(t, f) for t, f, _ in train_cues.documents()}
+    bodies = {train_cues.body(p) for p in (REPO / "tests" / "eval" / "world" / "frozen").glob("*/*.log")}
+    assert not {t for t, _ in used} & bodies
+
+
+def test_prose_gets_a_low_confidence_guess_with_its_words() -> None:
+    g = cues.guess(PROSE_SHM)
+    assert g is not None
+    assert g.family == "shm-exhausted"
+    assert cues.MIN_CONFIDENCE <= g.confidence <= cues.MAX_CONFIDENCE
+    assert len(g.cues) >= cues.MIN_CUES
+    assert all(c in cues.tokens(PROSE_SHM) for c in g.cues)
+
+
+def test_words_of_no_family_give_no_guess() -> None:
+    assert cues.guess("The weather was lovely and we walked along the river until dinner.") is None
+    assert cues.guess("") is None
+
+
+PROSE_CKPT = ("After upgrading, saving the model at the end of each epoch is very slow and sometimes the checkpoint "
+              "cannot be loaded later, the disk of the cluster is a network filesystem")
+"""No signature recognises this (no error line, no symptom phrase): only its words speak."""
+
+
+def test_a_guess_leads_only_when_nothing_was_recognised_and_does_not_count_as_explained() -> None:
+    report = explain(PROSE_CKPT)
+    top = report.diagnoses[0]
+    assert top.role == "guess"
+    g = cues.guess(PROSE_CKPT)
+    assert g is not None and (top.code, top.family) == (g.code, g.family)
+    assert top.confidence <= cues.MAX_CONFIDENCE
+    assert int(report.exit_code) == 1
+    assert top.confirm
+    assert any("guess from the words" in n for n in top.notes)
+    recognised = explain("RuntimeError: received 0 items of ancdata\n" + PROSE_CKPT)
+    assert recognised.diagnoses[0].role == "root-cause"
+    assert all(d.role != "guess" for d in recognised.diagnoses)
+
+
+def test_the_cli_prints_a_guess_in_every_format_with_exit_code_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "report.txt"
+    log.write_text(PROSE_CKPT, encoding="utf-8")
+    outs = {}
+    for fmt in ("json", "text", "markdown"):
+        proc = subprocess.run([sys.executable, "-m", "torchdoctor", "explain", str(log), "--format", fmt],
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 1, proc.stderr
+        outs[fmt] = proc.stdout
+    doc = json.loads(outs["json"])
+    assert doc["diagnoses"][0]["role"] == "guess"
+    assert doc["diagnoses"][0]["confidence"] <= cues.MAX_CONFIDENCE
+    code = doc["diagnoses"][0]["code"]
+    assert code in outs["text"] and "guess" in outs["text"].lower()
+    assert code in outs["markdown"] and "guess" in outs["markdown"].lower()

@@ -28,8 +28,9 @@ test: $(STAMP)  ## set up and run the whole test suite (the long lab scenarios t
 test-fast: $(STAMP)  ## the default run only, without the long lab scenarios
 	$(BIN)/python -m pytest
 
-docs: $(STAMP)  ## regenerate docs/codes.md from the catalogue
+docs: $(STAMP)  ## regenerate docs/codes.md and docs/families.md from the catalogue
 	$(BIN)/torchdoctor codes --format markdown > docs/codes.md
+	$(BIN)/python -m torchdoctor.report.families > docs/families.md
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/check_latency.py

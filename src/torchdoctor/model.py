@@ -1,7 +1,9 @@
-"""The one output model behind every command: :class:`Finding` and its parts.
+"""The findings model of ``check`` and ``loader``: :class:`Finding` and its parts.
 
-Every reporter (text, JSON, Markdown) renders these and nothing else, so a finding looks the same
-whether it came from ``check``, ``loader`` or ``explain``.
+``check`` (preflight audit) and ``loader`` (DataLoader probe) report findings; the reporters in
+:mod:`torchdoctor.report` (text, JSON, Markdown) render these and nothing else. ``explain`` has its
+own model (:mod:`torchdoctor.explain.model`: diagnoses, ranks, unmatched lines) and renderers, as its
+output is about a run's logs rather than a machine; both name the same catalogue codes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""What ``explain`` returns: :class:`ExplainReport` holding ranked :class:`Diagnosis` es.
+"""The model of ``explain`` (and of ``lab run``'s "reproduced" verdict, which reads it through
+:func:`torchdoctor.explain.shows`): :class:`ExplainReport` holding ranked :class:`Diagnosis` es.
+``check`` and ``loader`` report :class:`torchdoctor.model.Finding` s instead.
 
 The JSON form (``ExplainReport.to_dict``) is documented in ``docs/explain-json.md`` and is stable:
 keys are only ever added.

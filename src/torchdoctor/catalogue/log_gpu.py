@@ -111,6 +111,16 @@ TD352 = register(Code(
             pattern=r"(?P<status>CUBLAS_STATUS_ALLOC_FAILED)(?: when calling `(?P<call>[^`]+)`)?",
             confidence=0.8,
         ),
+        Signature(
+            # THC (torch <= 1.6) printed the status as text: THCublasCheck maps CUBLAS_STATUS_ALLOC_FAILED to
+            # "resource allocation failed" ("cublas runtime error : resource allocation failed at .../THCGeneral.cpp:250").
+            # Threads of that time also show it after a device-side assert (an index out of range), hence lower.
+            role=Role.ROOT_CAUSE,
+            triggers=("cublas runtime error : resource allocation failed",),
+            pattern=r"cublas runtime error : resource allocation failed",
+            values={"status": "CUBLAS_STATUS_ALLOC_FAILED (THC: 'resource allocation failed')"},
+            confidence=0.7,
+        ),
     ),
 ))
 

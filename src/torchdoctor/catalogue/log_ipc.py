@@ -74,6 +74,16 @@ TD151 = register(Code(
                     r"Too many open files \(24\)",
             confidence=0.9,
         ),
+        Signature(
+            # torch 0.x (TH's THAllocator.c, THError appends " at <file>:<line>") and 1.x (THAllocator.cpp /
+            # MapAllocator.cpp, AT_ERROR) printed no errno; EMFILE is the usual cause, not the only one: weak, so
+            # a line that names the errno (a resource_sharer "[Errno 24]", TD153) leads when the log has one.
+            role=Role.ROOT_CAUSE,
+            triggers=("unable to open shared memory object",),
+            pattern=r"unable to open shared memory object <(?P<segment>/torch_[^>]*)> in (?P<mode>read-write) mode"
+                    r"(?: at \S*THAllocator\.cp?p?:\d+)?\.?[\s`'\"]*$",
+            confidence=0.45,
+        ),
     ),
 ))
 

@@ -163,8 +163,10 @@ TD273 = register(Code(
         ),
         Signature(
             role=Role.ROOT_CAUSE,
-            triggers=("Out of memory: Kill process",),
-            pattern=r"Out of memory: Kill process (?P<pid>\d+) \((?P<process>[^)]*)\)",
+            # older kernels printed this line before "Killed process ..."; inside a memory cgroup (a container
+            # or job limit) the prefix is "Memory cgroup out of memory"
+            triggers=("Out of memory: Kill process", "out of memory: Kill process"),
+            pattern=r"(?:Out of memory|Memory cgroup out of memory): Kill process (?P<pid>\d+) \((?P<process>[^)]*)\)",
             confidence=0.9,
         ),
     ),

@@ -127,6 +127,12 @@ TD483 = register(Code(
                   pattern=r"NET/IB\w*\s?:\s?Got completion from peer (?P<peer>\S+) with (?:error |status=)"
                           r"(?P<status>\d+),? opcode[ =]\d+,? len[ =]\d+,? vendor err (?P<vendor_err>\d+)",
                   confidence=0.85),
+        # older NCCL 2 releases (2.8.3 in NVIDIA/nccl#426) named no peer: "NET/IB : Got completion with error 12,
+        # opcode 0, len 0, vendor err 129"; the first NCCL 2 releases printed no len
+        Signature(role=Role.ROOT_CAUSE, triggers=("Got completion with error",),
+                  pattern=r"NET/IB\w*\s?:\s?Got completion with error (?P<status>\d+), opcode \d+,(?: len \d+,)? "
+                          r"vendor err (?P<vendor_err>\d+)",
+                  confidence=0.85),
     ),
 ))
 

@@ -74,6 +74,19 @@ TD551 = register(Code(
             pattern=r"Can't pickle (?P<object><.+?>): attribute lookup (?P<name>\S+) on (?P<module>\S+) failed",
             confidence=0.85,
         ),
+        Signature(  # Python 2.7's cPickle (and 3.0-3.3's _pickle): "attribute lookup <module>.<name> failed", no " on "
+            role=Role.ROOT_CAUSE,
+            triggers=("attribute lookup",),
+            pattern=r"Can't pickle (?P<object><.+?>): attribute lookup (?P<module>[^\s:]+)\.(?P<name>[^.\s]+) failed",
+            confidence=0.85,
+        ),
+        Signature(  # the pure-Python pickler (Python 2.7 pickle.py, used by multiprocessing's ForkingPickler on
+            # Windows; Python 3's pickle.py; both picklers from Python 3.14): "it's not found as <module>.<name>"
+            role=Role.ROOT_CAUSE,
+            triggers=("it's not found as",),
+            pattern=r"Can't pickle (?P<object><.+?>): it's not found as (?P<module>[^\s:]+)\.(?P<name>[^.\s]+)",
+            confidence=0.85,
+        ),
     ),
 ))
 

@@ -46,8 +46,8 @@ def test_words_of_no_family_give_no_guess() -> None:
     assert cues.guess("") is None
 
 
-PROSE_CKPT = ("After upgrading, saving the model at the end of each epoch is very slow and sometimes the checkpoint "
-              "cannot be loaded later, the disk of the cluster is a network filesystem")
+PROSE_CKPT = ("When I save the checkpoint with torch.save to the shared directory the file is sometimes corrupted "
+              "and torch.load fails with a zip archive error, several ranks write the same path at the end of each epoch")
 """No signature recognises this (no error line, no symptom phrase): only its words speak."""
 
 

@@ -163,7 +163,8 @@ class ExplainReport:
         return ExitCode.OK if self.explained else ExitCode.FINDINGS
 
     def codes(self) -> list[str]:
-        return [d.code for d in self.diagnoses]
+        """Codes recognised in the log, best first; a ``guess`` (words only, nothing recognised) is not one."""
+        return [d.code for d in self.diagnoses if d.role != "guess"]
 
     def to_dict(self) -> dict[str, Any]:
         return {

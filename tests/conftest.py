@@ -13,7 +13,7 @@ import pytest
 # are rewritten like a test's, so a failing helper shows its operands
 pytest.register_assert_rewrite("tests.support")
 
-from .support import FIXTURES as FIXTURES, REPO as REPO  # noqa: E402  (re-exported to the test modules)
+from .support import FIXTURES, REPO  # noqa: F401  (the test modules import them from here)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:

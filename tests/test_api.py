@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torchdoctor
 from torchdoctor import CheckOptions, Facts, Severity, run_checks
-from torchdoctor.registry import Code, Hit, all_codes
+from torchdoctor.registry import Code, Hit, all_codes, lookup
 
 
 def test_all_is_exactly_the_public_api() -> None:
@@ -36,6 +36,18 @@ def test_unknown_facts_yield_no_false_alarm() -> None:
 
 
 def test_template_fills_values_and_keeps_unknown_placeholders_visible() -> None:
-    code = all_codes()[0]
-    f = code.finding(Hit({}))
-    assert "{" in f.message or f.message  # never raises on a missing value
+    # TD102's message and fix have four placeholders; the check gives two of them here.
+    code = lookup("TD102")
+    assert {"free", "size", "arithmetic", "need_gib"} <= code.placeholders()
+    f = code.finding(Hit({"free": "12 MiB", "size": "64 MiB"}))  # never raises on a missing value
+    assert "12 MiB free of 64 MiB" in f.message
+    assert "{free}" not in f.message and "{size}" not in f.message
+    assert "{arithmetic}" in f.message  # missing: left visible, not blanked
+    assert "--shm-size={need_gib}g" in f.fix
+
+
+def test_every_template_survives_a_hit_without_values() -> None:
+    for code in all_codes():
+        f = code.finding(Hit({}))
+        for name in code.placeholders():
+            assert "{" + name + "}" in f.message + f.fix, f"{code.code}: {{{name}}} vanished from its message/fix"

@@ -482,11 +482,14 @@ def test_td413_agrees_with_real_torch() -> None:
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(pool.map(imports, values))
+    outcomes = set()
     for value, proc in results.items():
         fires = bool(found("TD413", dist_facts({"TORCH_DISTRIBUTED_DEBUG": value})))
         assert fires is (proc.returncode != 0), (value, proc.stderr[-300:])
         if fires:
             assert "The value of TORCH_DISTRIBUTED_DEBUG must be OFF, INFO, or DETAIL." in proc.stderr
+        outcomes.add(fires)
+    assert outcomes == {True, False}, "the values must include both one torch refuses and one it accepts"
 
 
 # -- the catalogue's quotes are real ---------------------------------------------------------------

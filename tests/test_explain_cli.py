@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .conftest import run_cli
-from .test_explain_support import CONSOLE, TD150_LOG, TORCHRUN_LOGS
+from .support.explain import CONSOLE, FIXTURES, TD150_LOG, TORCHRUN_LOGS, fixture_body
 
 
 def _json(proc: subprocess.CompletedProcess[str]) -> dict:
@@ -80,12 +80,29 @@ def test_bad_option_exits_2() -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
-def test_directory_and_several_inputs(tmp_path: Path) -> None:
+def test_directory_and_several_inputs() -> None:
+    # torchrun's --log-dir (4 ranks: stdout/stderr.log each, error.json for ranks 1-3) and its console:
+    # rank 2's torch.save into a missing directory; ranks 1 and 3 lose their gloo peer; rank 0 is SIGTERMed
     proc = run_cli("explain", str(TORCHRUN_LOGS), str(CONSOLE), "--format", "json")
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == 0, proc.stderr
     doc = _json(proc)
-    assert len(doc["sources"]) == 12
-    assert {"1", "2", "3"} <= set(doc["ranks"]) or doc["unmatched_errors"]
+    assert len(doc["sources"]) == 12 and doc["sources"][-1] == str(CONSOLE)
+    assert sum(s.endswith("error.json") for s in doc["sources"]) == 3
+    assert doc["root_cause"] == "TD650"
+    assert (doc["first_failure"]["code"], doc["first_failure"]["rank"]) == ("TD650", 2)
+    assert "Parent directory /nonexistent-dir does not exist" in doc["first_failure"]["text"]
+    def named(role: str) -> list[tuple[str, list[int]]]:
+        return [(d["code"], d["ranks"]) for d in doc["diagnoses"] if d["role"] == role]
+    assert named("root-cause") == [("TD650", [2])]
+    assert named("cascade") == [("TD454", [1, 3])]
+    ranks = doc["ranks"]
+    assert set(ranks) == {"0", "1", "2", "3"}
+    assert ranks["2"]["codes"] == {"TD650": 4} and ranks["2"]["exitcode"] == 1 and ranks["2"]["torchrun_root_cause"]
+    for r in ("1", "3"):
+        assert set(ranks[r]["codes"]) == {"TD454"} and ranks[r]["first"]["role"] == "cascade", r
+    assert ranks["0"]["codes"] == {} and ranks["0"]["signal"] == "SIGTERM"
+    explained = ("Parent directory", "Connection closed by peer")
+    assert not [u for u in doc["unmatched_errors"] if any(t in u["text"] for t in explained)]
 
 
 def test_help_names_the_inputs() -> None:
@@ -147,8 +164,6 @@ def test_text_on_a_terminal_is_coloured_and_laid_out_alike() -> None:
 
 def test_a_traceback_pasted_without_its_exception_line() -> None:
     # the recorded TD450 lab output, cut here before its ValueError line (a paste that stops at a frame)
-    from .test_explain_support import FIXTURES, fixture_body
-
     body = [line for line in fixture_body(FIXTURES / "logs" / "TD450" / "lab-dist-env-missing-world-size.log") if line.strip()]
     cut = "\n".join(body[:-1]) + "\n"
     doc = _json(run_cli("explain", "-", "--format", "json", input=cut))

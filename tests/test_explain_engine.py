@@ -24,7 +24,7 @@ from torchdoctor.model import Severity
 from torchdoctor.registry import Code, lookup
 from torchdoctor.signature import Role, Signature
 
-from .test_explain_support import (
+from .support.explain import (
     CONSOLE,
     PEER_CLOSED,
     REMOTE_ADVICE,
@@ -37,7 +37,7 @@ from .test_explain_support import (
     rank_lines,
     support_codes,
 )
-from .test_explain_support import (
+from .support.explain import (
     FIXTURES as FIXTURES_ROOT,
 )
 

@@ -24,7 +24,7 @@ from torchdoctor.lab.scenarios import dist
 from torchdoctor.registry import lookup
 from torchdoctor.signature import Role
 
-from .test_lab import (
+from .support.lab import (
     LOGS,
     LabRuns,
     assert_failure,

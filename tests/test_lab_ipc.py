@@ -14,7 +14,6 @@ import resource
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +22,9 @@ from torchdoctor.lab.runner import run
 from torchdoctor.lab import get
 from torchdoctor.lab.scenarios import fds, ipc
 
-from .test_lab import (
+from .support.lab import (
     closed_loop,
-    LabRuns, assert_explained, assert_failure, assert_fixed, check_json, evidence_budget, scenario_names,
+    LabRuns, assert_explained, assert_failure, assert_fixed, check_json, evidence_budget, fixture_text, scenario_names,
     signature_values, slow_requested,
 )
 
@@ -33,7 +32,7 @@ NAMES = scenario_names("ipc", "fds")
 SLOW = scenario_names("ipc", "fds", slow=True)
 
 
-# the closed loop over this module's scenarios (tests/test_lab.py)
+# the closed loop over this module's scenarios (tests/support/lab.py)
 runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes = closed_loop(NAMES, recorded=False)
 
 
@@ -87,14 +86,6 @@ def test_shm_scenarios_never_touch_the_real_dev_shm(runs: LabRuns) -> None:
 
 # -- other torch versions' wordings, from public reports (tests/fixtures/logs/<CODE>/*.log) ----------
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
-
-
-def report_text(code: str, name: str) -> str:
-    """The log text of a fixture, without its ``# `` header."""
-    return (LOGS / code / name).read_text(encoding="utf-8").split("\n# ---\n", 1)[1]
-
-
 @pytest.mark.parametrize(("name", "segment", "how"), [
     ("nnunet-2162-write-no-space.log", "/torch_8289_606636967_0", "grow"),  # torch 1.x/2.0: errno printed
     ("dls-example-26-thallocator.log", "/torch_76_3625483894", "grow"),  # TH: " at …/THAllocator.c:383"
@@ -102,44 +93,44 @@ def report_text(code: str, name: str) -> str:
     ("lab-shm-no-space.log", None, "allocate"),  # today's posix_fallocate wording, recorded here
 ])
 def test_every_shm_no_space_wording_names_the_segment(name: str, segment: str | None, how: str) -> None:
-    values = signature_values("TD156", report_text("TD156", name))[0]
+    values = signature_values("TD156", fixture_text("TD156", name))[0]
     assert values["how"] == how and values["segment"].startswith("/torch_")
     assert segment is None or values["segment"] == segment
 
 
 def test_shm_open_without_errno_is_not_read_as_no_space() -> None:
-    assert not signature_values("TD156", report_text("TD156", "near-open-shm-read-write.log"))
+    assert not signature_values("TD156", fixture_text("TD156", "near-open-shm-read-write.log"))
 
 
 @pytest.mark.parametrize("name", ["mmf-441-banner-after-timestamps.log", "gdr-net-16-banner-fullwidth-comma.log",
                                   "deeplab-pytorch-17-banner-case-mangled.log"])
 def test_bus_error_banner_in_any_case_and_punctuation(name: str) -> None:
-    banners = [v for v in signature_values("TD157", report_text("TD157", name)) if "pid" not in v]
+    banners = [v for v in signature_values("TD157", fixture_text("TD157", name)) if "pid" not in v]
     assert banners, name
 
 
 def test_bus_error_wrapped_after_killed_by_signal_is_still_shm() -> None:
-    report = explain(report_text("TD157", "kraken-699-wrapped-bus-error.log"))
+    report = explain(fixture_text("TD157", "kraken-699-wrapped-bus-error.log"))
     assert report.root_cause is not None and report.root_cause.code == "TD157"
     assert report.root_cause.family == "shm-exhausted" and "--shm-size" in report.root_cause.fix
 
 
 def test_no_space_write_comes_before_the_bus_errors_it_causes() -> None:
-    report = explain(report_text("TD156", "ultralytics-1238-write-then-bus-errors.log"))
+    report = explain(fixture_text("TD156", "ultralytics-1238-write-then-bus-errors.log"))
     assert report.diagnoses[0].code == "TD156" and "TD157" in report.codes()
 
 
 @pytest.mark.parametrize("name", ["caduceus-58-worker-start-pipe.log", "ssd-pytorch-91-worker-dupfd.log",
                                   "maskrcnn-benchmark-158-resource-sharer.log"])
 def test_errno_24_is_fd_exhausted_inside_and_outside_torch_sharing(name: str) -> None:
-    top = explain(report_text("TD153", name)).diagnoses[0]
+    top = explain(fixture_text("TD153", name)).diagnoses[0]
     assert (top.code, top.family) == ("TD153", "fd-exhausted")
     assert "ulimit -n" in top.fix and "file_system" in top.fix
 
 
 def test_torch_descriptor_messages_do_not_double_as_errno_24() -> None:
     for code, name in (("TD152", "lab-fd-loader-kept-batches.log"), ("TD151", "lab-fd-spawn-dataset.log")):
-        assert not signature_values("TD153", report_text(code, name)), name
+        assert not signature_values("TD153", fixture_text(code, name)), name
 
 
 # -- the preflight predicted it ----------------------------------------------------------------------

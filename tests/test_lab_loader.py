@@ -8,7 +8,6 @@ it fixes (the SIGTERM really arrived, the hang really waited for the timeout).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -16,12 +15,12 @@ from torchdoctor.explain import explain
 from torchdoctor.lab.scenarios import loader
 from torchdoctor.registry import lookup
 
-from .test_lab import closed_loop, LabRuns, scenario_names, signature_values
+from .support.lab import closed_loop, LabRuns, fixture_text, scenario_names, signature_values
 
 NAMES = scenario_names("loader")
 
 
-# the closed loop over this module's scenarios (tests/test_lab.py)
+# the closed loop over this module's scenarios (tests/support/lab.py)
 runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes = closed_loop(NAMES, recorded=False)
 
 
@@ -99,16 +98,8 @@ def test_fixed_sigterm_run_was_still_preempted(runs: LabRuns) -> None:
 
 # -- other Python/torch versions' wordings, from public reports (tests/fixtures/logs/<CODE>/*.log) ----
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
-
-
-def report_text(code: str, name: str) -> str:
-    """The log text of a fixture, without its ``# `` header."""
-    return (LOGS / code / name).read_text(encoding="utf-8").split("\n# ---\n", 1)[1]
-
-
 def test_python_313_get_local_object_is_the_same_pickling_failure() -> None:
-    values = signature_values("TD550", report_text("TD550", "py313-get-local-object.log"))
+    values = signature_values("TD550", fixture_text("TD550", "py313-get-local-object.log"))
     assert values == [{"verb": "get", "object": "main.<locals>.worker_init_fn"}]
 
 
@@ -122,14 +113,14 @@ def test_pickling_fixes_put_the_real_fix_first_and_num_workers_0_as_the_isolatio
 
 @pytest.mark.parametrize("name", ["siam-nestedunet-11-without-first-line.log", "overhaul-distillation-26-title.log"])
 def test_bootstrapping_message_pasted_without_its_first_line(name: str) -> None:
-    text = report_text("TD554", name)
+    text = fixture_text("TD554", name)
     assert "An attempt has been made" not in text
     top = explain(text).diagnoses[0]
     assert (top.code, top.family) == ("TD554", "worker-pickling") and "__name__" in top.fix
 
 
 def test_freeze_support_in_a_script_is_not_the_error() -> None:
-    assert not signature_values("TD554", report_text("TD554", "near-freeze-support-in-code.log"))
+    assert not signature_values("TD554", fixture_text("TD554", "near-freeze-support-in-code.log"))
 
 
 @pytest.mark.parametrize(("name", "signal"), [
@@ -138,7 +129,7 @@ def test_freeze_support_in_a_script_is_not_the_error() -> None:
     ("swin-det-16-segfault-banner.log", "segmentation fault"),
 ])
 def test_segfault_wordings(name: str, signal: str) -> None:
-    assert [v["signal"] for v in signature_values("TD560", report_text("TD560", name))] == [signal]
+    assert [v["signal"] for v in signature_values("TD560", fixture_text("TD560", name))] == [signal]
 
 
 @pytest.mark.parametrize(("name", "workers", "suggested"), [
@@ -147,21 +138,21 @@ def test_segfault_wordings(name: str, signal: str) -> None:
     ("particleseg3d-pr2-wrapped-windows.log", "12", None),  # one sentence per line: the count is on the next
 ])
 def test_too_many_workers_warning_names_the_counts(name: str, workers: str, suggested: str | None) -> None:
-    values = signature_values("TD570", report_text("TD570", name))[0]
+    values = signature_values("TD570", fixture_text("TD570", name))[0]
     assert values["workers"] == workers
     assert suggested is None or values["suggested"] == suggested
-    top = explain(report_text("TD570", name)).diagnoses[0]
+    top = explain(fixture_text("TD570", name)).diagnoses[0]
     assert (top.code, top.family, top.role) == ("TD570", "thread-oversubscription", "root-cause")
     assert top.confidence < 0.5 and "num_workers" in top.fix
 
 
 def test_too_many_workers_warning_never_outranks_a_real_error() -> None:
     """A warning printed at start-up leads only when nothing failed: a worker crash after it wins."""
-    text = report_text("TD570", "yolo-world-413-8-workers-4-cpus.log") + "\n" + report_text("TD560", "db-94-segfault-no-dot.log")
+    text = fixture_text("TD570", "yolo-world-413-8-workers-4-cpus.log") + "\n" + fixture_text("TD560", "db-94-segfault-no-dot.log")
     report = explain(text)
     assert report.root_cause is not None and report.root_cause.code == "TD560"
     assert "TD570" in report.codes()
 
 
 def test_lightning_too_few_workers_advice_is_not_oversubscription() -> None:
-    assert not explain(report_text("TD570", "near-lightning-too-few-workers.log")).diagnoses
+    assert not explain(fixture_text("TD570", "near-lightning-too-few-workers.log")).diagnoses

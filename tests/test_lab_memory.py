@@ -15,9 +15,9 @@ import pytest
 from torchdoctor.lab.scenarios import memory
 from torchdoctor.units import human_bytes
 
-from .test_lab import (
+from .support.lab import (
     closed_loop,
-    LOGS, LabRuns, check_json,
+    LOGS, LabRuns, check_json, fixture_text,
     scenario_names, signature_values,
 )
 
@@ -25,7 +25,7 @@ NAMES = scenario_names("memory")
 NOBODY = ["setpriv", f"--reuid={memory.NOBODY}", f"--regid={memory.NOBODY}", "--clear-groups", "--"]
 
 
-# the closed loop over this module's scenarios (tests/test_lab.py)
+# the closed loop over this module's scenarios (tests/support/lab.py)
 runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
 
 
@@ -98,25 +98,23 @@ def test_kernel_oom_kill_values_from_a_public_report() -> None:
 
 # -- older and other wordings of host OOM, from public reports (fixtures cite them) --------------------
 
-def _fixture_text(code: str, name: str) -> str:
-    return (LOGS / code / name).read_text(encoding="utf-8").split("# ---\n", 1)[1]
 
 
 @pytest.mark.parametrize(("name", "gigabytes"), [("dreamtime-112-percent-d-gb.log", "%d"),
                                                  ("gvcnn-7-th-whole-gb.log", "0")])
 def test_old_allocator_wording_in_whole_gb(name: str, gigabytes: str) -> None:
-    values = signature_values("TD270", _fixture_text("TD270", name))
+    values = signature_values("TD270", fixture_text("TD270", name))
     assert values and values[0]["gigabytes"] == gigabytes and "whole GB" in values[0]["request"]
 
 
 def test_allocator_wording_in_bytes_names_the_request() -> None:
-    values = signature_values("TD270", _fixture_text("TD270", "tiny-faces-12-bytes-buy-new-ram.log"))
+    values = signature_values("TD270", fixture_text("TD270", "tiny-faces-12-bytes-buy-new-ram.log"))
     assert values[0]["bytes"] == "113246208" and values[0]["request"] == "113246208 bytes"
 
 
 @pytest.mark.parametrize("name", ["self-critical-11-python2-fork.log", "person-reid-193-fork-loop.log"])
 def test_fork_enomem_is_its_own_code(name: str) -> None:
-    text = _fixture_text("TD275", name)
+    text = fixture_text("TD275", name)
     assert signature_values("TD275", text) and not signature_values("TD270", text)
 
 
@@ -127,6 +125,6 @@ def test_allocator_error_code_12_is_not_a_failed_fork(runs: LabRuns, name: str) 
 
 def test_fork_enomem_is_the_root_cause() -> None:
     from torchdoctor.explain import explain
-    root = explain(_fixture_text("TD275", "self-critical-11-python2-fork.log")).root_cause
+    root = explain(fixture_text("TD275", "self-critical-11-python2-fork.log")).root_cause
     assert root is not None and (root.code, root.family) == ("TD275", "host-oom")
     assert "forkserver" in root.fix and "num_workers" in root.fix

@@ -19,7 +19,7 @@ import pytest
 
 from torchdoctor.lab.scenarios import storage
 
-from .test_lab import (
+from .support.lab import (
     closed_loop,
     LabRuns, check_json, scenario_names,
     signature_values,
@@ -29,7 +29,7 @@ NAMES = scenario_names("storage")
 NOBODY = ["setpriv", f"--reuid={storage.NOBODY}", f"--regid={storage.NOBODY}", "--clear-groups", "--"]
 
 
-# the closed loop over this module's scenarios (tests/test_lab.py)
+# the closed loop over this module's scenarios (tests/support/lab.py)
 runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
 
 

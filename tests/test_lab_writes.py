@@ -22,7 +22,7 @@ import pytest
 
 from torchdoctor.lab.scenarios import writes
 
-from .test_lab import (
+from .support.lab import (
     closed_loop,
     LabRuns,
     scenario_names,
@@ -34,7 +34,7 @@ SUMMARY = re.compile(r"(?P<written>\d+) records written by (?P<writers>\d+) proc
                      r"(?P<torn>\d+) do not, (?P<empty>\d+) empty, (?P<lost>\d+) records lost")
 
 
-# the closed loop over this module's scenarios (tests/test_lab.py)
+# the closed loop over this module's scenarios (tests/support/lab.py)
 runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
 
 

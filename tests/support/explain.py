@@ -16,7 +16,12 @@ from torchdoctor.model import Severity
 from torchdoctor.registry import Code, lookup
 from torchdoctor.signature import Role, Signature
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from . import FIXTURES
+
+__all__ = [
+    "CONSOLE", "FIXTURES", "NUMPY_WEAK", "PEER_CLOSED", "RECVFDS_FRAME", "REMOTE_ADVICE", "SAVE_MISSING", "TD150_LOG",
+    "TORCHRUN", "TORCHRUN_LOGS", "cascade_lines", "fixture_body", "interleave", "rank_lines", "support_codes",
+]
 TORCHRUN = FIXTURES / "explain" / "torchrun-save-enoent"
 TORCHRUN_LOGS = TORCHRUN / "logs"
 CONSOLE = TORCHRUN / "console.log"
@@ -46,8 +51,6 @@ NUMPY_WEAK = _code("TDT05", "numpy-missing-weak", "worker-crash", Role.ROOT_CAUS
 
 def support_codes() -> list[Code]:
     return [SAVE_MISSING, PEER_CLOSED, REMOTE_ADVICE, RECVFDS_FRAME, NUMPY_WEAK, lookup("TD150")]
-
-
 
 
 def fixture_body(path: Path) -> list[str]:

@@ -1,10 +1,11 @@
 """Run a scenario in an isolated child: own session, bounded in time and memory, output as bytes.
 
 Safety rules: limits are applied in the child only; a scenario that wants a small or private
-/dev/shm gets a private tmpfs in its own mount namespace (``unshare -m``), never the real one;
-on timeout, memory overrun or Ctrl-C the child's whole process group is killed (a killed
-DataLoader owner can orphan workers that pin thousands of shm segments), and so is anything left
-in it after a normal exit. Only processes this runner started are ever signalled.
+/dev/shm gets a private tmpfs in its own mount namespace (``unshare -m``), never the real one.
+The child is watched by :func:`torchdoctor.supervise.supervise` (the one supervisor): on timeout,
+memory overrun (PSS of its session), Ctrl-C, SIGTERM or SIGHUP its whole session is killed (a
+killed DataLoader owner can orphan workers that pin thousands of shm segments), and so is
+anything left of it after a normal exit. Only processes this runner started are ever signalled.
 """
 
 from __future__ import annotations
@@ -12,18 +13,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 
-import psutil
-
-from ..sessions import kill_session, reap_session, session_members
+from ..supervise import Limits, child_env, signal_name, start, supervise
 from . import Scenario
 
 OUTPUT_LIMIT = 8 * 1024 * 1024
@@ -41,18 +38,14 @@ class RunRecord:
     timed_out: bool = False
     memory_killed: bool = False
     peak_rss_mb: float = 0.0
+    """Peak memory of the scenario's session in MB: PSS (pages shared by workers count once)."""
     skipped: str | None = None
     private_shm: str | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
     def signal_name(self) -> str | None:
-        if self.exit_code is not None and self.exit_code < 0:
-            try:
-                return signal.Signals(-self.exit_code).name
-            except ValueError:
-                return f"signal {-self.exit_code}"
-        return None
+        return signal_name(self.exit_code)
 
     @property
     def failed(self) -> bool:
@@ -110,11 +103,9 @@ def _child_argv(s: Scenario, fixed: bool) -> tuple[list[str], str | None]:
 
 
 def _child_env(s: Scenario) -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(s.env)
+    env = child_env(s.env)
+    if "PYTHONFAULTHANDLER" not in s.env and "PYTHONFAULTHANDLER" not in os.environ:
+        env.pop("PYTHONFAULTHANDLER", None)  # a scenario's crash text is torch's own, not faulthandler's
     return env
 
 
@@ -130,11 +121,8 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRe
     chunks: list[bytes] = []
     size = [0]
 
-    start = time.perf_counter()
-    proc = subprocess.Popen(  # noqa: S603 - argv list
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, env=_child_env(s),
-    )
+    started = time.perf_counter()
+    proc = start(argv, _child_env(s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
 
     def reader() -> None:
@@ -147,39 +135,18 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRe
 
     t = threading.Thread(target=reader, daemon=True)
     t.start()
-    last_mem = 0.0
     try:
-        while proc.poll() is None:
-            now = time.perf_counter()
-            if now - start > limit:
-                record.timed_out = True
-                kill_session(proc.pid)
-                break
-            if now - last_mem > 0.5:
-                last_mem = now
-                rss = sum(_rss(p) for p in session_members(proc.pid)) / 2**20
-                record.peak_rss_mb = max(record.peak_rss_mb, round(rss, 1))
-                if rss > s.memory_mb:
-                    record.memory_killed = True
-                    record.notes.append(f"killed: {rss:.0f} MB RSS passed the {s.memory_mb} MB bound")
-                    kill_session(proc.pid)
-                    break
-            time.sleep(0.05)
-    except BaseException:
-        kill_session(proc.pid)
-        raise
+        result = supervise(proc, Limits(timeout=limit, memory_cap=s.memory_mb * 2**20), started=started)
     finally:
-        proc.wait()
-        reap_session(proc.pid)  # orphaned workers of a crashed owner
         t.join(5)
-    record.seconds = round(time.perf_counter() - start, 2)
+    record.timed_out = result.timed_out
+    record.peak_rss_mb = round(result.peak_memory / 2**20, 1)
+    if result.memory_killed:
+        record.memory_killed = True
+        record.notes.append(f"killed: {record.peak_rss_mb:.0f} MB (PSS) passed the {s.memory_mb} MB bound")
+    if result.escaped:
+        record.notes.append(f"killed {len(result.escaped)} process(es) that had left the scenario's session")
+    record.seconds = round(time.perf_counter() - started, 2)
     record.exit_code = proc.returncode
     record.output = b"".join(chunks)
     return record
-
-
-def _rss(p: psutil.Process) -> int:
-    try:
-        return int(p.memory_info().rss)
-    except psutil.Error:
-        return 0

@@ -1,11 +1,10 @@
 """Run the probe child in isolation: own session, hard timeout, optional memory cap, nothing left over.
 
-The child (:mod:`.child`) runs the user's code. This side only watches it: it reads the child's
-event lines as they come (for progress), kills the child's whole session when the timeout passes
-(after asking it, with SIGUSR1, to print every thread's Python stack) or when the session's
-memory (PSS, so pages shared by forked workers count once) passes the cap, and afterwards reaps
-anything still in the session (orphaned workers, a forkserver, torch_shm_manager after it has
-unlinked its segments). Only processes of that session, all started by this probe, are signalled.
+The child (:mod:`.child`) runs the user's code. :func:`torchdoctor.supervise.supervise` (the one
+supervisor) watches it: this module only reads the child's event lines as they come (for
+progress) and, when the deadline passes, asks the child with SIGUSR1 to print every thread's
+Python stack before the supervisor kills its session. The memory cap is the supervisor's (PSS,
+so pages shared by forked workers count once), and so is the reaping of whatever is left.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,8 +22,7 @@ from typing import Any
 
 import psutil
 
-from ..sessions import kill_session, reap_session, session_members
-from .live import proc_memory
+from ..supervise import Forked, Limits, child_env, session_members, signal_name, start, supervise
 
 OUTPUT_TAIL = 64 * 1024
 STACK_GRACE = 0.3
@@ -60,31 +57,7 @@ class Outcome:
 
     @property
     def signal_name(self) -> str | None:
-        if self.exit_code is not None and self.exit_code < 0:
-            try:
-                return signal.Signals(-self.exit_code).name
-            except ValueError:
-                return f"signal {-self.exit_code}"
-        return None
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    cwd = os.getcwd()
-    parts = [src, cwd] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("PYTHONFAULTHANDLER", "1")
-    return env
-
-
-def _session_pss(sid: int) -> int:
-    total = 0
-    for p in session_members(sid):
-        mem = proc_memory(p.pid)
-        total += mem["pss"] if mem else 0
-    return total
+        return signal_name(self.exit_code)
 
 
 def _tail(path: Path) -> str:
@@ -125,28 +98,7 @@ class _Reader:
                 self.on_event(event)
 
 
-class _Forked:
-    """The ``subprocess.Popen`` surface ``_watch`` needs, for a child made with ``os.fork``."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        code = self.returncode
-        if code is None:
-            code = self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-        return code
-
-
-def _fork(obj: Any, spec_path: Path, events: Path, so: Any, se: Any) -> _Forked:
+def _fork(obj: Any, spec_path: Path, events: Path, so: Any, se: Any) -> Forked:
     """Fork a child that probes ``obj`` (a DataLoader or Dataset of the caller) in its own session."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the forked child, which never returns
@@ -160,7 +112,7 @@ def _fork(obj: Any, spec_path: Path, events: Path, so: Any, se: Any) -> _Forked:
             code = run_object(obj, str(spec_path), str(events))
         finally:
             os._exit(code)
-    return _Forked(pid)
+    return Forked(pid)
 
 
 def run_child(spec: dict[str, Any], timeout: float, memory_cap: int | None = None,
@@ -185,36 +137,15 @@ def run_child(spec: dict[str, Any], timeout: float, memory_cap: int | None = Non
                 sys.stderr.flush()
                 proc = _fork(obj, d / "spec.json", events, so, se)
             else:
-                proc = subprocess.Popen(  # noqa: S603 - argv list
-                    [sys.executable, "-m", "torchdoctor.probes.child", str(d / "spec.json"), str(events)],
-                    stdin=subprocess.DEVNULL, stdout=so, stderr=se, start_new_session=True, env=_env(),
-                )
+                proc = start([sys.executable, "-m", "torchdoctor.probes.child", str(d / "spec.json"), str(events)],
+                             child_env(with_cwd=True), stdout=so, stderr=se)
             out.pid = proc.pid
-            try:
-                _watch(proc, out, reader, started, timeout, memory_cap)
-            except BaseException:
-                kill_session(proc.pid)
-                raise
-            finally:
-                proc.wait()
-                reap_session(proc.pid)
-                _wait_gone(proc.pid)
-            out.seconds = round(time.perf_counter() - started, 3)
-            out.exit_code = proc.returncode
+            result = supervise(proc, Limits(timeout, memory_cap, on_timeout=_dump_stacks), reader.poll, started)
+            out.seconds, out.exit_code = result.seconds, result.exit_code
+            out.timed_out, out.memory_killed, out.peak_memory = result.timed_out, result.memory_killed, result.peak_memory
         reader.poll()
         out.stdout, out.stderr = _tail(d / "stdout"), _tail(d / "stderr")
     return out
-
-
-def _wait_gone(sid: int, limit: float = 5.0) -> None:
-    """Wait until the killed members of the session have really exited (SIGKILL is asynchronous)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        members = session_members(sid)
-        if not members:
-            return
-        kill_session(sid)
-        psutil.wait_procs(members, timeout=0.5)
 
 
 def _dump_stacks(sid: int) -> None:
@@ -228,25 +159,3 @@ def _dump_stacks(sid: int) -> None:
             continue
         time.sleep(DUMP_GAP)
     time.sleep(STACK_GRACE)
-
-
-def _watch(proc: Any, out: Outcome, reader: _Reader, started: float, timeout: float,
-           memory_cap: int | None) -> None:
-    last_mem = 0.0
-    while proc.poll() is None:
-        now = time.perf_counter()
-        reader.poll()
-        if now - started > timeout:
-            out.timed_out = True
-            _dump_stacks(proc.pid)
-            kill_session(proc.pid)
-            return
-        if now - last_mem > 0.25:
-            last_mem = now
-            pss = _session_pss(proc.pid)
-            out.peak_memory = max(out.peak_memory, pss)
-            if memory_cap is not None and pss > memory_cap:
-                out.memory_killed = True
-                kill_session(proc.pid)
-                return
-        time.sleep(0.03)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 from typing import Any
 
@@ -217,12 +218,21 @@ def codes(code: str | None, family: str | None, prefix: str | None, fmt: str) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: turns every error into one line and a documented exit code."""
+    """Entry point: turns every error into one line and a documented exit code.
+
+    Ctrl-C exits 130 and SIGTERM/SIGHUP 128 + the signal (the shell's convention), after every
+    child torchdoctor started has been ended (:mod:`torchdoctor.supervise`)."""
+    from .stopping import Stopped, stoppable
+
     try:
-        cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("torchdoctor: aborted", err=True)
-        sys.exit(int(ExitCode.USAGE))
+        with stoppable():
+            cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("torchdoctor: interrupted", err=True)
+        sys.exit(130)
+    except Stopped as exc:
+        click.echo(f"torchdoctor: stopped by {signal.Signals(exc.signum).name}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(int(ExitCode.USAGE))

@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(int(ExitCode.USAGE))
     except TorchDoctorError as exc:
-        click.echo(f"torchdoctor: error: {exc}", err=True)
+        for line in str(exc).splitlines() or [""]:  # one line per problem (a facts file may have several)
+            click.echo(f"torchdoctor: error: {line}", err=True)
         sys.exit(int(ExitCode.USAGE))
     except BrokenPipeError:
         sys.exit(int(ExitCode.OK))

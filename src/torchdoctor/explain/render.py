@@ -2,12 +2,19 @@
 
 Text is laid out by :class:`~.textout.Writer`: plain off a terminal (rich is not even imported, which
 keeps a pasted traceback's explain fast), coloured through rich on a terminal.
+
+Every format is redacted by default: the report is quoted into public bug reports, so secrets the
+logs hold (``postgres://user:pw@...``, ``GITHUB_TOKEN=ghp_...``, ``token=...``) are replaced by
+``<redacted>`` in every string of it first, with :func:`torchdoctor.facts.redact.redact_text`, the
+one redaction function ``facts`` uses too. Matching is not affected: it runs on the raw lines.
 """
 
 from __future__ import annotations
 
-from typing import IO, TYPE_CHECKING
+import dataclasses
+from typing import IO, TYPE_CHECKING, Any, cast
 
+from ..facts.redact import REDACTED, redact_text
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 
 if TYPE_CHECKING:
@@ -24,16 +31,46 @@ LABEL = 5
 """Width of the ``fix:`` / ``more:`` label column."""
 
 
-def render(report: ExplainReport, fmt: str, out: IO[str]) -> None:
+def render(report: ExplainReport, fmt: str, out: IO[str], redact: bool = True) -> None:
+    """Write ``report`` as ``fmt`` (``text``, ``markdown`` or ``json``); secrets removed unless
+    ``redact`` is false (then the JSON says ``"redacted": false``)."""
+    if redact:
+        report = redacted(report)
     if fmt == "json":
         import json
 
-        json.dump(report.to_dict(), out, indent=2, default=str)
+        doc = report.to_dict()
+        doc["redacted"] = redact
+        json.dump(doc, out, indent=2, default=str)
         out.write("\n")
     elif fmt == "markdown":
         out.write(markdown(report))
     else:
         write_text(report, out)
+
+
+def redacted(report: ExplainReport) -> ExplainReport:
+    """A copy of ``report`` with :func:`~torchdoctor.facts.redact.redact_text` applied to every
+    string it holds (evidence, tracebacks, messages and values filled from the log, first failure,
+    per-rank facts, notes), before any of it is cut short for display."""
+    return cast(ExplainReport, _scrub(report))
+
+
+def _scrub(node: Any) -> Any:
+    if isinstance(node, str):
+        return redact_text(node)
+    if isinstance(node, list):
+        return [_scrub(x) for x in node]
+    if isinstance(node, tuple):
+        return tuple(_scrub(x) for x in node)
+    if isinstance(node, (set, frozenset)):
+        return type(node)(_scrub(x) for x in node)
+    if isinstance(node, dict):
+        return {k: _scrub(v) for k, v in node.items()}
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        changes = {f.name: _scrub(getattr(node, f.name)) for f in dataclasses.fields(node) if f.init}
+        return dataclasses.replace(node, **changes)
+    return node
 
 
 def _short(text: str, width: int = TEXT_LINE) -> str:
@@ -188,6 +225,11 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _prose(text: str) -> str:
+    """Markdown outside code spans: the redaction marker escaped, or it would render as an (empty) HTML tag."""
+    return text.replace(REDACTED, "\\" + REDACTED[:-1] + "\\>")
+
+
 def markdown(report: ExplainReport) -> str:
     lines = ["## torchdoctor explain", "", f"{_summary(report)}.", ""]
     ff = _first_failure_line(report)
@@ -197,15 +239,15 @@ def markdown(report: ExplainReport) -> str:
         level = "###" if i == 0 else "####"
         lines += [f"{level} {_ROLE_LABEL.get(d.role, d.role)}: {d.code} `{d.name}` (family `{d.family}`, confidence {d.confidence:.2f})", ""]
         if i == 0 and ff and d.role == "root-cause":
-            lines += [ff, ""]
+            lines += [_prose(ff), ""]
         elif _who(d):
-            lines += [_who(d), ""]
-        lines += [d.message, ""]
+            lines += [_prose(_who(d)), ""]
+        lines += [_prose(d.message), ""]
         lines += ["| where | rank | line |", "|---|---|---|"]
         lines += [f"| `{_md(r.location)}` | {r.rank if r.rank is not None else ''} | `{_md(_short(r.text, 200))}` |" for r in d.evidence]
         lines.append("")
         for note in d.notes:
-            lines += [f"_{note}_", ""]
+            lines += [f"_{_prose(note)}_", ""]
         if i == 0 or d.role == "root-cause":
             lines += ["**Fix:**", "", "```", d.fix.strip(), "```", "", f"More: `torchdoctor codes {d.code}`", ""]
     if report.root_cause is not None and _unexplained(report):
@@ -218,6 +260,6 @@ def markdown(report: ExplainReport) -> str:
         lines += [f"- `{_md(u.ref.location)}` {f'(rank {u.ref.rank}) ' if u.ref.rank is not None else ''}`{_md(_short(u.ref.text, 200))}`" for u in report.unmatched_errors]
         lines.append("")
         if ff and not report.diagnoses:
-            lines += [ff, ""]
-    lines += [f"_note: {_md(n)}_" for n in report.notes]
+            lines += [_prose(ff), ""]
+    lines += [f"_note: {_prose(_md(n))}_" for n in report.notes]
     return "\n".join(lines).rstrip("\n") + "\n"

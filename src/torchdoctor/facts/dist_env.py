@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .context import GatherContext
-from .redact import is_secret_name, redact_value
+from .redact import is_secret_name, redact_argv, redact_text
 
 #: Variables torch's launchers set for every rank (torchrun sets all of them).
 TORCH_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -91,7 +91,7 @@ def _dist_env(ctx: GatherContext) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in ctx.env.items():
         if (name in known or name.startswith(_PREFIXES)) and not is_secret_name(name):
-            out[name] = redact_value(str(value))
+            out[name] = redact_text(str(value))
     return dict(sorted(out.items()))
 
 
@@ -276,7 +276,7 @@ def port_holder(ctx: GatherContext, port: int) -> dict[str, Any] | None:
         proc = psutil.Process(conn.pid)
         holder["name"] = proc.name()
         holder["user"] = proc.username()
-        holder["cmdline"] = redact_value(" ".join(proc.cmdline()))[:200]
+        holder["cmdline"] = redact_argv(proc.cmdline())[:200]  # secret flags' values and shapes removed
     except Exception as exc:  # noqa: BLE001 - the process may have exited meanwhile
         ctx.unknown("dist.store.holder.name", f"cannot inspect pid {conn.pid}: {type(exc).__name__}")
     return holder

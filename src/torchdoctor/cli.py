@@ -137,9 +137,9 @@ def check(
                           if click.get_current_context().get_parameter_source(name) is click.core.ParameterSource.DEFAULT),
     )
     result = audit(facts, options)
-    render_findings(result.findings, fmt, "check", sys.stdout, {"source": source, "machine": result.machine},
-                    passed=result.passed, verbose=verbose)
-    sys.exit(int(exit_code_for(result.findings, fail_on)))
+    finish(lambda: render_findings(result.findings, fmt, "check", sys.stdout,
+                                   {"source": source, "machine": result.machine}, passed=result.passed, verbose=verbose),
+           int(exit_code_for(result.findings, fail_on)))
 
 
 @cli.command(context_settings=CONTEXT_SETTINGS)
@@ -217,6 +217,50 @@ def codes(code: str | None, family: str | None, prefix: str | None, fmt: str) ->
         codes_report.write_list(chosen, sys.stdout)
 
 
+def _degrade_streams() -> None:
+    """Output degrades to what the terminal can show (a non-UTF-8 locale, PYTHONIOENCODING=ascii):
+    characters the stream cannot encode become ``?``, never an error."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8":
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):
+                continue
+
+
+def _quiet_stdout() -> None:
+    """The reader of our output went away (``| head``): point stdout at /dev/null so the final
+    flush at exit cannot fail again and change the exit status."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _exit_now(code: int) -> None:
+    """Exit at once after a signal: every ``with`` block (children, temporary files) has already
+    unwound; the interpreter's own shutdown could deadlock on a reader thread blocked in stdin."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def finish(render: Any, exit_code: int) -> None:
+    """Render a command's output, then exit ``exit_code``; a closed pipe ends it quietly with the
+    same status it would have had."""
+    try:
+        render()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+    sys.exit(int(exit_code))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: turns every error into one line and a documented exit code.
 
@@ -224,15 +268,17 @@ def main(argv: list[str] | None = None) -> None:
     child torchdoctor started has been ended (:mod:`torchdoctor.supervise`)."""
     from .stopping import Stopped, stoppable
 
+    _degrade_streams()
     try:
         with stoppable():
             cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
+            sys.stdout.flush()  # a closed pipe shows here, not at exit where it would change the status
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("torchdoctor: interrupted", err=True)
-        sys.exit(130)
+        _exit_now(130)
     except Stopped as exc:
         click.echo(f"torchdoctor: stopped by {signal.Signals(exc.signum).name}", err=True)
-        sys.exit(exc.exit_code)
+        _exit_now(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(int(ExitCode.USAGE))
@@ -241,7 +287,13 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(f"torchdoctor: error: {line}", err=True)
         sys.exit(int(ExitCode.USAGE))
     except BrokenPipeError:
+        _quiet_stdout()
         sys.exit(int(ExitCode.OK))
+    except SystemExit as exc:
+        if type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):  # click turned a closed pipe into exit 1
+            _quiet_stdout()
+            sys.exit(int(ExitCode.OK))  # commands whose status is not 0 when fine use finish()
+        raise exc
     except Exception as exc:  # noqa: BLE001 - never a traceback from our code
         if os.environ.get("TORCHDOCTOR_DEBUG"):
             raise

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from .cli import CONTEXT_SETTINGS, FORMAT, cli
+from .cli import CONTEXT_SETTINGS, FORMAT, cli, finish
 from .errors import UsageError
 
 
@@ -49,6 +49,4 @@ def explain(inputs: tuple[str, ...], fmt: str, no_redact: bool) -> None:
             raise UsageError("give a log file, a directory, or - to read standard input (torchdoctor explain --help)")
         inputs = ("-",)
     report = explain_paths(inputs)
-    render(report, fmt, sys.stdout, redact=not no_redact)
-    sys.stdout.flush()
-    sys.exit(int(report.exit_code))
+    finish(lambda: render(report, fmt, sys.stdout, redact=not no_redact), int(report.exit_code))

@@ -17,6 +17,7 @@ cut tracebacks, traceback context, wrapped lines joined; bounded collection in :
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Union
@@ -46,17 +47,39 @@ def _index(codes: Sequence[Code] | None) -> tuple[SignatureIndex, list[Code]]:
 
 
 def sources_for(data: Input) -> list[Source]:
-    """Turn any accepted input into sources (see :func:`explain`)."""
+    """Turn any accepted input into sources (see :func:`explain`); a wrong type is a ``TypeError``
+    at the call, naming what is accepted."""
     if isinstance(data, str):
+        if data and "\n" not in data and len(data) < 4096 and _is_file(data):
+            warnings.warn(f"explain() takes a str as log text, and {data!r} names a file: pass "
+                          f"pathlib.Path({data!r}) to read the file", UserWarning, stacklevel=3)
         return [text_source(data)]
     if isinstance(data, (bytes, bytearray, memoryview)):
         return [text_source(bytes(data), "<bytes>")]
     if isinstance(data, os.PathLike):
         return resolve([data])
+    if data is None or not isinstance(data, Iterable):
+        raise TypeError(f"explain() takes log text (str or bytes), a pathlib.Path, a list of paths or an "
+                        f"iterable of lines; got {type(data).__name__}")
     items = list(data) if isinstance(data, (list, tuple)) else None
     if items is not None and items and all(isinstance(i, os.PathLike) for i in items):
         return resolve(items)
+    if items is not None:
+        bad = next((i for i in items if not isinstance(i, (str, bytes, bytearray, memoryview))), _NONE)
+        if bad is not _NONE:
+            raise TypeError(f"explain() got a list holding a {type(bad).__name__}: give lines as str or bytes, "
+                            "or every item as a pathlib.Path")
     return [lines_source(items if items is not None else data)]
+
+
+_NONE = object()
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return os.path.isfile(text)
+    except (OSError, ValueError):
+        return False
 
 
 def explain(data: Input, codes: Sequence[Code] | None = None) -> ExplainReport:
@@ -65,7 +88,10 @@ def explain(data: Input, codes: Sequence[Code] | None = None) -> ExplainReport:
     ``data`` is the log text (``str``), raw bytes (plain or gzip), a ``pathlib.Path`` to a file or a
     directory (walked; torchrun ``--log-dir`` layouts and ``error.json`` understood), a list of
     paths, or an iterable of lines. ``codes`` restricts the catalogue (default: every code).
-    Never raises on bad log content; a missing path raises :class:`torchdoctor.UsageError`.
+    A ``str`` is always the log text itself, never a file name (a ``str`` naming an existing file
+    warns); pass ``pathlib.Path`` to read a file. Never raises on bad log content (undecodable
+    bytes, lone surrogates); a missing path or a binary file raises :class:`torchdoctor.UsageError`,
+    an argument of the wrong type a ``TypeError``.
     """
     return explain_sources(sources_for(data), codes)
 
@@ -117,6 +143,8 @@ def explain_exception(exc: BaseException, codes: Sequence[Code] | None = None) -
     """Explain a live exception: its formatted traceback (with causes and context) is the log."""
     import traceback
 
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"explain_exception() takes an exception; got {type(exc).__name__}")
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return explain(text, codes)
 

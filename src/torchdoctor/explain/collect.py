@@ -93,6 +93,8 @@ class Collector:
     bytes: int = 0
     notes: list[str] = field(default_factory=list)
     scanner: str = "python"
+    cut_lines: int = 0
+    """Lines longer than :data:`~.sources.MAX_LINE` read as their first and last halves."""
     skipped_repeats: int = 0
     """Error lines not read because two lines of the same shape already were."""
     head: list[tuple[str, int, str]] = field(default_factory=list)

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from .textout import Writer
 
 _ROLE_LABEL = {"root-cause": "Root cause", "cascade": "Cascade", "confirmation": "Confirmation", "advice": "Advice",
-               "hypothesis": "Likely cause (hypothesis)"}
+               "hypothesis": "Likely cause (hypothesis)", "guess": "A guess from the words (nothing recognised)"}
 _ROLE_STYLE = {"root-cause": "bold red", "cascade": "yellow", "confirmation": "cyan", "advice": "dim",
-               "hypothesis": "magenta"}
+               "hypothesis": "magenta", "guess": "dim magenta"}
 TEXT_LINE = 300
 ALSO_UNEXPLAINED = 3
 """Unexplained error lines shown (tier 3 and up) under a named root cause."""
@@ -126,6 +126,10 @@ def write_text(report: ExplainReport, out: IO[str]) -> None:
     w.blank()
     if not report.diagnoses:
         _text_unmatched(w, report, headline=True)
+    elif report.diagnoses[0].role == "guess":
+        w.line(f"No known failure signature matched ({_summary(report)}).", style="bold yellow")
+        w.blank()
+        _text_block(w, report.diagnoses[0], report)
     else:
         _text_block(w, report.diagnoses[0], report)
     rest = report.diagnoses[1:]

@@ -33,7 +33,18 @@ from typing import IO, Any
 from ..errors import UsageError
 
 MAX_LINE = 64 * 1024
-"""Bytes of one line that are kept; the rest of a longer line is skipped (constant memory)."""
+"""Bytes of one line that are kept: a longer line keeps its first and its last half of this (a tqdm
+line redrawn with ``\r`` thousands of times ends in what the terminal showed last: often the
+error), joined by ``\r``; the middle is skipped (constant memory)."""
+CUT_JOIN = b"\r"
+
+
+def cut_long(line: bytes, max_line: int = MAX_LINE) -> bytes:
+    """``line`` when it fits, else its head and tail halves joined by :data:`CUT_JOIN`."""
+    if len(line) <= max_line:
+        return line
+    half = (max_line - len(CUT_JOIN)) // 2
+    return line[:half] + CUT_JOIN + line[-half:]
 PIECE = 4 * 1024 * 1024
 """Bytes read at a time."""
 ERROR_JSON_MAX = 16 * 1024 * 1024
@@ -279,8 +290,17 @@ def _stdin_pieces() -> Iterator[bytes]:
     return _refuse_binary(stream_pieces(stdin.buffer if hasattr(stdin, "buffer") else stdin), "standard input")
 
 
+def encode_text(text: str) -> bytes:
+    """UTF-8 bytes of any ``str``: undecodable bytes kept (surrogateescape), other lone surrogates
+    (``"\\ud800"`` from a broken exception message) replaced, never an error."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
 def text_source(data: str | bytes, name: str = "<text>") -> Source:
-    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else bytes(data)
+    raw = encode_text(data) if isinstance(data, str) else bytes(data)
     return Source(name, lambda: _maybe_gunzip_bytes(raw), size=len(raw))
 
 
@@ -289,7 +309,10 @@ def lines_source(lines: Iterable[str | bytes], name: str = "<lines>") -> Source:
         buf: list[bytes] = []
         size = 0
         for line in lines:
-            b = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else bytes(line)
+            if not isinstance(line, (str, bytes, bytearray, memoryview)):
+                raise TypeError(f"explain() got an iterable holding a {type(line).__name__}: "
+                                "give lines as str or bytes, or paths as pathlib.Path")
+            b = encode_text(line) if isinstance(line, str) else bytes(line)
             if not b.endswith(b"\n"):
                 b += b"\n"
             buf.append(b)
@@ -418,10 +441,11 @@ def _size(path: Path) -> int:
 # --------------------------------------------------------------------------- blocks of whole lines
 
 
-def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True) -> Iterator[Block]:
+def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True,
+           cuts: list[int] | None = None) -> Iterator[Block]:
     """Whole-line blocks from arbitrary pieces; a line past ``max_line`` bytes is cut there.
 
-    ``count=False`` leaves the newlines of the large blocks uncounted (``lines`` and
+    ``cuts[0]`` (when given) counts the lines cut here. ``count=False`` leaves the newlines of the large blocks uncounted (``lines`` and
     ``first_line`` are -1 there; the one-line blocks keep ``lines=1``): a reader that splits the
     block into lines anyway counts them for free (see :func:`~.stream.read_all`).
 
@@ -429,25 +453,39 @@ def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True
     skipped up to its newline, so line numbers stay right. Memory: one piece plus ``max_line``.
     """
     carry = b""
-    skipping = False
+    skipping = False  # inside a line past max_line: its middle is skipped, its tail kept
+    tail = b""
+    half = (max_line - len(CUT_JOIN)) // 2
     line = 1
     for piece in pieces:
         pos = 0
         if skipping:
             nl = piece.find(b"\n")
             if nl < 0:
+                tail = (tail + piece[-half:])[-half:]
                 continue
-            pos, skipping = nl + 1, False
+            tail = (tail + piece[max(0, nl - half):nl])[-half:]
+            head = carry + CUT_JOIN + tail + b"\n"
+            if cuts is not None:
+                cuts[0] += 1
+            yield Block(head, 0, len(head), line, 1)
+            line, carry, tail, pos, skipping = line + 1, b"", b"", nl + 1, False
         if carry:
             nl = piece.find(b"\n", pos)
             room = max_line - len(carry)
             if nl < 0:
-                carry += piece[pos:pos + room]
                 if len(piece) - pos > room:
-                    yield Block(carry + b"\n", 0, len(carry) + 1, line, 1)
-                    line, carry, skipping = line + 1, b"", True
+                    carry = (carry + piece[pos:])[:half]
+                    tail, skipping = piece[-half:], True
+                else:
+                    carry += piece[pos:]
                 continue
-            head = carry + piece[pos:min(nl, pos + room)] + b"\n"
+            if nl - pos > room:
+                head = cut_long(carry + piece[pos:nl], max_line) + b"\n"
+                if cuts is not None:
+                    cuts[0] += 1
+            else:
+                head = carry + piece[pos:nl] + b"\n"
             yield Block(head, 0, len(head), line, 1)
             line, carry, pos = line + 1, b"", nl + 1
         last = piece.rfind(b"\n", pos)
@@ -460,12 +498,12 @@ def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True
                 yield Block(piece, pos, last + 1, -1, -1)
             pos = last + 1
         if len(piece) - pos > max_line:
-            yield Block(piece[pos:pos + max_line] + b"\n", 0, max_line + 1, line, 1)
-            line, skipping = line + 1, True
+            carry, tail, skipping = piece[pos:pos + half], piece[-half:], True
         else:
             carry = piece[pos:]
     if carry:
-        yield Block(carry + b"\n", 0, len(carry) + 1, line, 1)
+        head = (carry + CUT_JOIN + tail if skipping else carry) + b"\n"
+        yield Block(head, 0, len(head), line, 1)
 
 
 def prefetch(it: Iterator[Block], depth: int = 2) -> Iterator[Block]:

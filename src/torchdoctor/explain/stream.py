@@ -45,7 +45,7 @@ from .relevance import (
     looks_like_exception_line,
     relevance,
 )
-from .sources import MAX_LINE, Block, Source, TruncatedInput, blocks, prefetch
+from .sources import MAX_LINE, Block, Source, TruncatedInput, blocks, cut_long, prefetch
 
 TB_KEEP_HEAD = 2
 TB_KEEP_TAIL = 14
@@ -147,7 +147,11 @@ class LineProcessor:
                 cur, cur_line = le + 1, lineno + 1
                 continue
             self.failed = []
-            self.feed(lineno, data[ls:min(le, ls + MAX_LINE)], ids)
+            if le - ls > MAX_LINE:
+                self.col.cut_lines += 1
+                self.feed(lineno, cut_long(data[ls:le]), ids)
+            else:
+                self.feed(lineno, data[ls:le], ids)
             if self.failed and self.repeats is not None:
                 self.repeats.watch(data[ls:le], tuple(self.failed))
             for i in ids if extend else ():
@@ -489,7 +493,8 @@ def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None
         # small or unknown-size inputs start with the pure-Python scanner (no compile cost for a
         # pasted traceback); a stream that grows past FAST_AFTER switches to the fast one.
         scanner = sig.scanner(src.size if src.size is not None else 0)
-        it = blocks(src.pieces(), count=False)
+        cuts = [0]
+        it = blocks(src.pieces(), count=False, cuts=cuts)
         if src.size is None or src.size > PREFETCH_OVER:
             it = prefetch(it)
         window_left, seen, line = 0, 0, 1
@@ -510,6 +515,7 @@ def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None
         except OSError as exc:
             col.notes.append(f"{src.name}: read failed ({exc.strerror or exc}); the lines before it were read")
         proc.finish()
+        col.cut_lines += cuts[0]
         col.skipped_repeats += repeats.skipped
         if scanner.name != "python":
             col.scanner = scanner.name

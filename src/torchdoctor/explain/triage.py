@@ -182,6 +182,9 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     if len(col.ranks) > MAX_RANKS_REPORTED:
         report.notes.append(f"{len(col.ranks)} ranks had events; `ranks` lists the first {MAX_RANKS_REPORTED}")
     report.skipped_repeats = col.skipped_repeats
+    if col.cut_lines:
+        report.notes.append(f"{col.cut_lines} line(s) longer than 64 KiB were read as their first and last 32 KiB "
+                            "(a progress bar redrawn with \\r ends in what the terminal showed last)")
     if col.ranks_dropped:
         report.notes.append(f"{col.ranks_dropped} events on ranks past the first {len(col.ranks)} are counted but not listed per rank")
     return report
@@ -231,13 +234,16 @@ def _word_guess(col: Collector, codes: dict[str, Code]) -> Diagnosis | None:
         for i, line in enumerate(chunk.splitlines()):
             if len(evidence) < 3 and line.strip() and len(cues.tokens(line) & set(g.cues)) >= 2:
                 evidence.append(LineRef(name, first + i, line.strip()[:500]))
-    evidence += [ref for ref, t in kept if len(evidence) < 3 and cues.tokens(t) & set(g.cues)]
+    places = {(e.file, e.line) for e in evidence}
+    evidence += [ref for ref, t in kept
+                 if len(evidence) < 3 and (ref.file, ref.line) not in places and cues.tokens(t) & set(g.cues)]
     values = dict.fromkeys(code.placeholders(), "?")
     finding = code.finding(Hit(values))
     confirm = next((s.confirm for s in code.signatures if s.confirm), "")
     return Diagnosis(
         code=code.code, name=code.name, family=code.family, role="guess", confidence=g.confidence,
-        rank=None, host=None, title=code.title, message=finding.message, fix=finding.fix, evidence=evidence,
+        rank=None, host=None, title=code.title, message=f"If it is {code.title}: {code.meaning}",
+        fix=finding.fix, evidence=evidence,
         count=0, notes=[f"no line was recognised: a guess from the words of the log ({', '.join(g.cues)}); "
                         "treat it as a lead, not a diagnosis"],
         confirm=confirm or f"find the failing line in the full log and run `torchdoctor explain` on it; "

@@ -144,3 +144,25 @@ def test_an_error_at_the_end_of_a_long_carriage_return_line_is_read(tmp_path: Pa
         report = explain(log)
     assert "TD157" in report.codes()
     assert any("longer than 64 KiB" in n for n in report.notes)
+
+
+def test_a_failure_on_a_hundred_thousand_ranks_is_counted_and_listed_in_bounded_memory(tmp_path: Path) -> None:
+    from torchdoctor.explain.collect import MAX_GROUP_RANKS
+
+    log = tmp_path / "ranks.log"
+    with open(log, "w", encoding="utf-8") as fh:
+        fh.writelines(f"[rank{r}]: {FAILURE}\n" for r in range(100_000))
+    d = explain(log).diagnoses[0]
+    assert d.code == "TD150" and d.count == 100_000
+    assert len(d.ranks) == MAX_GROUP_RANKS and d.ranks[:3] == [0, 1, 2]
+    assert any(f"{MAX_GROUP_RANKS:,} listed" in n for n in d.notes)
+
+
+def test_a_million_identical_failure_lines_cost_little(tmp_path: Path) -> None:
+    """Read once, then skipped by shape: the count stops growing once the echoes name no new rank."""
+    log = tmp_path / "same.log"
+    with open(log, "w", encoding="utf-8") as fh:
+        fh.writelines(f"{FAILURE}\n" for _ in range(1_000_000))
+    report = explain(log)
+    assert report.codes() == ["TD150"]
+    assert report.skipped_repeats > 990_000

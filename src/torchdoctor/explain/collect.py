@@ -17,6 +17,8 @@ from .relevance import UnmatchedStore
 MAX_EVIDENCE = 6
 MAX_RANKS = 20_000
 """Ranks with a per-rank record; further ranks are only counted."""
+MAX_GROUP_RANKS = 65_536
+"""Ranks listed per diagnosis (memory stays bounded whatever the rank count; a note says when cut)."""
 TIMELINE = 8
 HEAD_BYTES = 256 * 1024
 
@@ -59,7 +61,7 @@ class Group:
         self.count += 1
         self.confidence = max(self.confidence, ev.confidence)
         new_rank = ev.ref.rank is not None and ev.ref.rank not in self.ranks
-        if ev.ref.rank is not None and len(self.ranks) < 1_000_000:
+        if ev.ref.rank is not None and len(self.ranks) < MAX_GROUP_RANKS:
             self.ranks.add(ev.ref.rank)
         if len(self.evidence) < MAX_EVIDENCE and (new_rank or len(self.evidence) < 2):
             self.evidence.append(ev)
@@ -112,7 +114,7 @@ class Collector:
         group.count += 1
         if rank is None or rank in group.ranks:
             return False
-        if len(group.ranks) < 1_000_000:
+        if len(group.ranks) < MAX_GROUP_RANKS:
             group.ranks.add(rank)
         rec = self.ranks.get(rank)
         if rec is None:

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..registry import Code, Hit
 from ..signature import SYMPTOM_MAX
-from .collect import Collector, Event, Group
+from .collect import MAX_GROUP_RANKS, Collector, Event, Group
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 from .normalize import RankFailure, signal_name
 
@@ -182,6 +182,9 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     if len(col.ranks) > MAX_RANKS_REPORTED:
         report.notes.append(f"{len(col.ranks)} ranks had events; `ranks` lists the first {MAX_RANKS_REPORTED}")
     report.skipped_repeats = col.skipped_repeats
+    for d in diagnoses:
+        if len(d.ranks) >= MAX_GROUP_RANKS:
+            d.notes.append(f"seen on more ranks than the {MAX_GROUP_RANKS:,} listed")
     if col.cut_lines:
         report.notes.append(f"{col.cut_lines} line(s) longer than 64 KiB were read as their first and last 32 KiB "
                             "(a progress bar redrawn with \\r ends in what the terminal showed last)")

@@ -84,3 +84,37 @@ def test_each_output_model_says_which_commands_use_it() -> None:
     assert "check" in (model.__doc__ or "") and "loader" in (model.__doc__ or "")
     assert "explain" in (explain_model.__doc__ or "")
     assert "one output model behind every command" not in (model.__doc__ or "")
+
+
+def test_readme_python_snippets_run(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every ```python block of README runs as written, in a directory holding what it names."""
+    import shutil
+
+    pytest_torch = __import__("importlib").util.find_spec("torch")
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    runnable = [b for b in blocks if "import torchdoctor" in b]
+    assert runnable, "README shows the Python API"
+    shutil.copytree(REPO / "tests" / "fixtures" / "explain" / "torchrun-save-enoent" / "logs", tmp_path / "logs")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+        "def make_loader():\n    return DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=8)\n",
+        encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tb_source = REPO / "tests" / "fixtures" / "logs" / "TD150" / "lab-fd-queue-ancdata.log"
+    failure = next(line for line in tb_source.read_text(encoding="utf-8").splitlines()
+                   if line.startswith("RuntimeError: received"))
+
+    def train() -> None:
+        raise RuntimeError(failure.split(": ", 1)[1])  # the real message the lab recorded
+
+    for block in runnable:
+        if "probe_loader" in block and pytest_torch is None:
+            block = block.split("loader_report")[0]
+        namespace: dict[str, object] = {"train": train}
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+        report = namespace.get("report")
+        assert report is not None and report.root_cause is not None  # type: ignore[attr-defined]
+        assert report.root_cause.code == "TD650"  # type: ignore[attr-defined]
+        if "loader_report" in namespace:
+            assert namespace["loader_report"] is not None

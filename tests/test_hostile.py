@@ -166,3 +166,10 @@ def test_a_million_identical_failure_lines_cost_little(tmp_path: Path) -> None:
     report = explain(log)
     assert report.codes() == ["TD150"]
     assert report.skipped_repeats > 990_000
+
+
+def test_torchdoctor_explain_is_callable_even_after_its_submodules_are_imported() -> None:
+    import torchdoctor
+    import torchdoctor.explain.model  # noqa: F401  (binds the package to the name on torchdoctor)
+
+    assert torchdoctor.explain(FAILURE + "\n").codes() == ["TD150"]

@@ -17,6 +17,8 @@ cut tracebacks, traceback context, wrapped lines joined; bounded collection in :
 from __future__ import annotations
 
 import os
+import sys
+import types
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -161,3 +163,15 @@ __all__ = [
     "rank_ranges",
     "shows",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """``torchdoctor.explain`` is both this package and the function :func:`explain`: once any of
+    its submodules is imported, Python binds the package (not the function) to the name on
+    ``torchdoctor``, so the package itself answers a call the same way."""
+
+    def __call__(self, data: Input, codes: Sequence[Code] | None = None) -> ExplainReport:
+        return explain(data, codes)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from ..stopping import signal_name
+
 Time = tuple[str, float]
 """(kind, seconds): times are compared only between equal kinds ("wall", "glog", "mono")."""
 
@@ -253,18 +255,6 @@ _SUMMARY_RANK_RE = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _EXITCODE_RE = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _AGENT_FAILED_RE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
 _SUMMARY_TIME_RE = re.compile(r"(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})_(?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})(?P<frac>)")
-
-
-def signal_name(exitcode: int | None) -> str | None:
-    """``-9`` → ``SIGKILL``: a negative exit code is the signal that killed the process."""
-    if exitcode is None or exitcode >= 0:
-        return None
-    import signal
-
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return f"signal {-exitcode}"
 
 
 @dataclass(repr=False, eq=False)

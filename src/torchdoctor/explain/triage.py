@@ -35,9 +35,10 @@ from typing import Any
 
 from ..registry import Code, Hit
 from ..signature import SYMPTOM_MAX
+from ..stopping import signal_name
 from .collect import MAX_GROUP_RANKS, Collector, Event, Group
 from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
-from .normalize import RankFailure, signal_name
+from .normalize import RankFailure
 
 WEAK = 0.5
 ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3, "symptom": 4}

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..facts import Facts
 from ..model import Finding
+from ..stopping import signal_name
 from .isolate import Outcome
 
 #: A faulthandler frame line: `  File "path", line N in func`.
@@ -52,17 +53,6 @@ def _explain(text: str) -> dict[str, Any] | None:
     return {"code": root.code, "name": root.name, "family": root.family}
 
 
-def _signal_name(code: int | None) -> str | None:
-    import signal
-
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 def outcome_section(out: Outcome, timeout: float, memory_cap: int | None) -> dict[str, Any]:
     o: dict[str, Any] = {"pid": out.pid, "seconds": out.seconds, "exit_code": out.exit_code, "signal": out.signal_name,
                          "phase": out.phase, "timeout": timeout, "memory_cap": memory_cap,
@@ -83,7 +73,7 @@ def outcome_section(out: Outcome, timeout: float, memory_cap: int | None) -> dic
         crash = out.last("crash")
         if crash is not None:  # the forked copy that made a batch died; the child reported it
             o["exit_code"] = crash.get("exit_code")
-            o["signal"] = _signal_name(crash.get("exit_code"))
+            o["signal"] = signal_name(crash.get("exit_code"))
         o["status"] = "crashed"
         o["stacks"] = _stacks(out.stderr) or out.stderr[-3000:] or None
         o["where"] = _user_frame(o["stacks"])

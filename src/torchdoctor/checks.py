@@ -98,9 +98,9 @@ class _Subject:
 
 
 def _n(facts: Facts, opts: CheckOptions) -> int:
-    from .catalogue.memory import nproc
+    from .catalogue._processes import local_processes
 
-    return nproc(facts, opts)
+    return local_processes(facts, opts).count
 
 
 def _run_desc(facts: Facts, opts: CheckOptions) -> str:
@@ -112,8 +112,9 @@ def _run_desc(facts: Facts, opts: CheckOptions) -> str:
 
 
 def _shm(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    size, free = facts.get("shm.size_bytes"), facts.get("shm.free_bytes")
-    if not facts.get("shm.exists") or size is None or free is None:
+    shm = facts.shm
+    size, free = shm.size_bytes, shm.free_bytes
+    if not shm.exists or size is None or free is None:
         return None
     n = _n(facts, opts)
     if opts.num_workers:
@@ -123,33 +124,33 @@ def _shm(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     else:
         judged = "no DataLoader workers hand batches over through it"
     return (f"{human_bytes(free)} free of {human_bytes(size)}",
-            f"{facts.get('shm.fstype') or 'file system type unknown'} at /dev/shm; {judged}")
+            f"{shm.fstype or 'file system type unknown'} at /dev/shm; {judged}")
 
 
 def _segments(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    seg = facts.get("shm.torch_segments")
-    if not isinstance(seg, dict):
+    seg = facts.shm.torch_segments
+    if not seg:
         return None
-    count = int(seg.get("count") or 0)
-    detail = (f"{count} torch_* segment(s) ({human_bytes(seg.get('bytes'))}), all of running processes" if count
+    count = seg.count or 0
+    detail = (f"{count} torch_* segment(s) ({human_bytes(seg.bytes)}), all of running processes" if count
               else "no torch_* segments in /dev/shm")
     return "none", detail
 
 
 def _map_count(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    limit = facts.get("limits.sysctl.vm.max_map_count")
+    limit = facts.limits.sysctl.vm.max_map_count
     if limit is None:
         return None
-    return (f"{limit:,}" if isinstance(limit, int) else str(limit),
+    return (f"{limit:,}",
             f"memory mappings per process; {_run_desc(facts, opts)}")
 
 
 def _nofile(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    nofile = facts.get("limits.rlimits.nofile")
-    if not isinstance(nofile, dict):
+    nofile = facts.limits.rlimits.nofile
+    if not nofile:
         return None
-    soft = "unlimited" if nofile.get("soft_unlimited") else nofile.get("soft")
-    hard = "unlimited" if nofile.get("hard_unlimited") else nofile.get("hard")
+    soft = "unlimited" if nofile.soft_unlimited else nofile.soft
+    hard = "unlimited" if nofile.hard_unlimited else nofile.hard
     if soft is None:
         return None
     return f"{soft} (hard {hard})", f"RLIMIT_NOFILE soft and hard limit; {_run_desc(facts, opts)}"
@@ -167,17 +168,18 @@ def _start_method(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
 
 
 def _memory(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    avail, total = facts.get("memory.available_bytes"), facts.get("memory.total_bytes")
+    avail, total = facts.memory.available_bytes, facts.memory.total_bytes
     if avail is None:
         return None
     value = f"{human_bytes(avail)} available of {human_bytes(total)}"
-    if facts.get("cgroup.memory.limited") and facts.get("cgroup.memory.max_bytes") is not None:
-        value += f", cgroup limit {human_bytes(facts.get('cgroup.memory.max_bytes'))}"
+    cg = facts.cgroup.memory
+    if cg.limited and cg.max_bytes is not None:
+        value += f", cgroup limit {human_bytes(cg.max_bytes)}"
     from .catalogue.memory import _memory_budget
 
     budget, where = _memory_budget(facts)
     need = opts.shm_need_bytes() * _n(facts, opts)
-    kills = facts.get("cgroup.memory.oom_kill_events")
+    kills = cg.oom_kill_events
     detail = (f"in-flight batches ({human_bytes(need)}) fit in {human_bytes(budget)} left ({where}); "
               + ("no OOM kill recorded in this cgroup" if kills == 0 else "this cgroup's OOM kill count is not readable"))
     return value, detail
@@ -185,12 +187,11 @@ def _memory(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
 
 def _rlimit_as(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     parts, limited = [], False
-    for key, name in (("as", "RLIMIT_AS"), ("data", "RLIMIT_DATA")):
-        lim = facts.get(f"limits.rlimits.{key}")
-        if not isinstance(lim, dict):
+    for lim, name in ((facts.limits.rlimits.as_, "RLIMIT_AS"), (facts.limits.rlimits.data, "RLIMIT_DATA")):
+        if not lim:
             return None
-        limited = limited or not lim.get("soft_unlimited")
-        parts.append(f"{name} " + ("unlimited" if lim.get("soft_unlimited") else human_bytes(lim.get("soft"))))
+        limited = limited or not lim.soft_unlimited
+        parts.append(f"{name} " + ("unlimited" if lim.soft_unlimited else human_bytes(lim.soft)))
     return (", ".join(parts) if limited else "unlimited",
             ", ".join(parts) + ": torch's CPU libraries and every DataLoader worker map their memory within it")
 
@@ -198,20 +199,20 @@ def _rlimit_as(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
 def _tasks(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     from .catalogue.memory import tasks_needed
 
-    nproc_lim = facts.get("limits.rlimits.nproc")
-    if not isinstance(nproc_lim, dict) and facts.get("cgroup.pids") is None:
+    nproc_lim, cg_pids = facts.limits.rlimits.nproc, facts.cgroup.pids
+    if not nproc_lim and not cg_pids:
         return None
-    pids = facts.get("cgroup.pids.max") if facts.get("cgroup.pids.limited") else None
-    rl = None
-    if isinstance(nproc_lim, dict):
-        rl = "unlimited" if nproc_lim.get("soft_unlimited") else nproc_lim.get("soft")
+    pids = cg_pids.max if cg_pids.limited else None
+    rl: int | str | None = None
+    if nproc_lim:
+        rl = "unlimited" if nproc_lim.soft_unlimited else nproc_lim.soft
     _, _, arithmetic = tasks_needed(facts, opts)
     return (f"{'no pids limit' if pids is None else f'pids limit {pids}'}, RLIMIT_NPROC {rl if rl is not None else '?'}",
             f"the run starts at least {arithmetic}")
 
 
 def _overcommit(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    mode = facts.get("limits.sysctl.vm.overcommit_memory")
+    mode = facts.limits.sysctl.vm.overcommit_memory
     if mode is None:
         return None
     meaning = {0: "heuristic (the default)", 1: "always", 2: "strict"}.get(mode, str(mode))
@@ -220,33 +221,34 @@ def _overcommit(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
 
 
 def _cpus(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    usable = facts.get("cpu.usable_cores")
+    cpu = facts.cpu
+    usable = cpu.usable_cores
     if usable is None:
         return None
-    parts = [f"{facts.get('cpu.logical_cores', '?')} online"]
-    if facts.get("cpu.affinity_list") is not None:
-        parts.append(f"affinity {facts.get('cpu.affinity_list')}")
-    quota = facts.get("cpu.cgroup_quota_cpus")
+    parts = [f"{cpu.logical_cores if cpu.logical_cores is not None else '?'} online"]
+    if cpu.affinity_list is not None:
+        parts.append(f"affinity {cpu.affinity_list}")
+    quota = cpu.cgroup_quota_cpus
     parts.append(f"cgroup quota {quota:g}" if quota is not None else "no cgroup CPU quota")
-    pool = facts.get("cpu.torch_threads_estimate")
+    pool = cpu.torch_threads_estimate
     n = _n(facts, opts)
     detail = ", ".join(parts) + (f"; {n} process(es) × {pool} torch threads (estimated)" if pool else "")
     return f"{usable:g} usable", detail
 
 
 def _thread_env(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    env = facts.get("cpu.thread_env")
-    if not isinstance(env, dict):
+    if not facts.cpu:
         return None
+    env = facts.cpu.thread_env
     value = " ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else "none set"
-    cv2 = facts.get("cpu.cv2.threads")
+    cv2 = facts.cpu.cv2.threads
     detail = "OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS and friends" + (
         f"; OpenCV {cv2} thread(s) per process" if cv2 is not None else "")
     return value, detail
 
 
 def _workers(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    usable = facts.get("cpu.usable_cores")
+    usable = facts.cpu.usable_cores
     if usable is None or "num_workers" in opts.assumed:
         return None  # not judged: --num-workers was not given (see CheckOptions.assumed)
     n = _n(facts, opts)
@@ -256,34 +258,35 @@ def _workers(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
 
 
 def _torch(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    if not facts.get("torch.installed") or not facts.get("torch.version"):
+    torch = facts.torch
+    if not torch.installed or not torch.version:
         return None
-    build = f"CUDA {facts.get('torch.cuda')} build" if facts.get("torch.cuda") else (
-        f"ROCm {facts.get('torch.hip')} build" if facts.get("torch.hip") else "CPU build")
-    backends = facts.get("torch.backends") or {}
-    have = [b for b, ok in sorted(backends.items()) if ok]
-    return (f"{facts.get('torch.version')} ({build})",
-            f"{facts.get('torch.location') or 'location unknown'}; distributed backends: {', '.join(have) or 'none'}")
+    build = f"CUDA {torch.cuda} build" if torch.cuda else (f"ROCm {torch.hip} build" if torch.hip else "CPU build")
+    backends = torch.backends
+    have = [b for b, ok in (("gloo", backends.gloo), ("mpi", backends.mpi), ("nccl", backends.nccl)) if ok]
+    return (f"{torch.version} ({build})",
+            f"{torch.location or 'location unknown'}; distributed backends: {', '.join(have) or 'none'}")
 
 
 def _gpus(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    if not facts.get("gpu.available"):
+    gpu = facts.gpu
+    if not gpu.available:
         return None
-    devices = [d for d in facts.get("gpu.devices") or [] if isinstance(d, dict)]
+    devices = gpu.devices
     names: dict[str, int] = {}
     for d in devices:
-        names[str(d.get("name") or "GPU")] = names.get(str(d.get("name") or "GPU"), 0) + 1
+        names[str(d.name or "GPU")] = names.get(str(d.name or "GPU"), 0) + 1
     models = ", ".join(f"{k} × {v}" if v > 1 else k for k, v in names.items()) or "?"
-    visible = facts.get("gpu.visible.count")
-    detail = (f"driver {facts.get('gpu.driver_version') or '?'} (CUDA {facts.get('gpu.cuda_driver_version') or '?'}), "
+    visible = gpu.visible.count
+    detail = (f"driver {gpu.driver_version or '?'} (CUDA {gpu.cuda_driver_version or '?'}), "
               f"{visible if visible is not None else '?'} visible to the run; free, idle, compute mode and ECC judged")
     return f"{len(devices)}: {models}", detail
 
 
 def _dist(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
-    if not (facts.get("dist.active") or opts.dist):
+    if not (facts.dist.active or opts.dist):
         return None
-    env = facts.get("dist.env") or {}
+    env = facts.dist.env
     shown = [f"{k}={env[k]}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k in env]
     return (" ".join(shown) or "variables from the launcher",
             "ranks, launcher mapping, MASTER_ADDR and MASTER_PORT judged")
@@ -325,7 +328,7 @@ def _names(values: Mapping[str, Any]) -> set[str]:
 
 
 def _path_passed(facts: Facts, fired: Mapping[str, list[Mapping[str, Any]]]) -> Iterable[Passed]:
-    from .catalogue.storage import _entries, _fs, _mount, _name
+    from .catalogue.storage import _entries, _name
 
     for e in _entries(facts):
         name = _name(e)
@@ -334,16 +337,15 @@ def _path_passed(facts: Facts, fired: Mapping[str, list[Mapping[str, Any]]]) -> 
             for values in fired.get(code, []):
                 if not values or name in _names(values):
                     concerned = True
-        wt = e.get("write_test") or {}
-        if concerned or not (e.get("exists") and e.get("is_dir") and wt.get("ok")):
+        if concerned or not (e.exists and e.is_dir and e.write_test.ok):
             continue
-        fs, m = _fs(e), _mount(e)
-        free = fs.get("free_bytes")
+        fs, m = e.fs, e.mount
+        free = fs.free_bytes
         value = "writable" + (f", {human_bytes(free)} free" if free is not None else "")
-        space = f"{human_bytes(free)} free of {human_bytes(fs.get('total_bytes'))}" if free is not None else "free space unknown"
-        inodes = f"{fs['inodes_free']:,} inodes free" if isinstance(fs.get("inodes_free"), int) else "inodes not counted"
+        space = f"{human_bytes(free)} free of {human_bytes(fs.total_bytes)}" if free is not None else "free space unknown"
+        inodes = f"{fs.inodes_free:,} inodes free" if fs.inodes_free is not None else "inodes not counted"
         detail = (f"a directory; created, wrote, synced and removed a file in it; {space}, {inodes}; "
-                  f"{m.get('fstype') or e.get('fstype') or '?'} ({e.get('fs_kind') or '?'}) at {m.get('mount_point') or '?'}")
+                  f"{m.fstype or e.fstype or '?'} ({e.fs_kind or '?'}) at {m.mount_point or '?'}")
         yield Passed("storage", name, value, detail, PATH_CODES)
 
 
@@ -365,21 +367,20 @@ def _passed(facts: Facts, options: CheckOptions, run: _Run, available: set[str])
 
 def machine(facts: Facts) -> dict[str, Any]:
     """The machine at a glance, as ``collect_env`` users expect it: OS, Python, torch, CPUs, memory, GPUs."""
-    gpus = [d for d in facts.get("gpu.devices") or [] if isinstance(d, dict)]
-    names = sorted({str(d.get("name")) for d in gpus if d.get("name")})
+    host, gpu = facts.host, facts.gpu
+    names = sorted({str(d.name) for d in gpu.devices if d.name})
     return {
-        "os": " ".join(str(x) for x in (facts.get("host.system"), facts.get("host.kernel"), facts.get("host.machine")) if x)
-              or None,
-        "python": facts.get("host.python.version"),
-        "torch": facts.get("torch.version"),
-        "torch_cuda": facts.get("torch.cuda"),
-        "cpus": facts.get("cpu.usable_cores"),
-        "memory_bytes": facts.get("memory.total_bytes"),
-        "gpus": len(gpus) if facts.get("gpu.available") else 0,
-        "gpu_models": names if facts.get("gpu.available") else [],
-        "gpu_driver": facts.get("gpu.driver_version"),
-        "gpu_driver_cuda": facts.get("gpu.cuda_driver_version"),
-        "container": facts.get("host.container.kind") if facts.get("host.container.in_container") else None,
+        "os": " ".join(str(x) for x in (host.system, host.kernel, host.machine) if x) or None,
+        "python": host.python.version,
+        "torch": facts.torch.version,
+        "torch_cuda": facts.torch.cuda,
+        "cpus": facts.cpu.usable_cores,
+        "memory_bytes": facts.memory.total_bytes,
+        "gpus": len(gpu.devices) if gpu.available else 0,
+        "gpu_models": names if gpu.available else [],
+        "gpu_driver": gpu.driver_version,
+        "gpu_driver_cuda": gpu.cuda_driver_version,
+        "container": host.container.kind if host.container.in_container else None,
     }
 
 

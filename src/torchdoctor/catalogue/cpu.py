@@ -1,7 +1,7 @@
 """TD25x: CPU threads: pools of torch, OpenMP/BLAS and OpenCV against the cores a run may use.
 
 Facts read: ``cpu`` (cores, affinity, cgroup quota, thread variables, torch's estimated pool,
-OpenCV's pool) and ``host.env.LOCAL_WORLD_SIZE`` through :func:`.memory.nproc`.
+OpenCV's pool) and the training processes on this node from :func:`._processes.local_processes`.
 """
 
 from __future__ import annotations
@@ -15,26 +15,27 @@ from ..model import Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
 from . import PREFLIGHT_VARIANTS
+from ._processes import local_processes
 from ._util import Evidence, ev
 from .log_workers import TD570 as _TD570_LOG
-from .memory import nproc
 
 POOL_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _torch_ev(facts: Facts) -> tuple[Evidence, ...]:
-    return (ev("torch intra-op threads (estimated)", facts.get("cpu.torch_threads_estimate"),
-               f"rule: {facts.get('cpu.torch_threads_rule', '?')}"),)
+    return (ev("torch intra-op threads (estimated)", facts.cpu.torch_threads_estimate,
+               f"rule: {facts.cpu.torch_threads_rule or '?'}"),)
 
 
 def _check_ranks(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    pool, visible = facts.get("cpu.torch_threads_estimate"), facts.get("cpu.affinity_cores")
-    n = nproc(facts, opts)
+    pool, visible = facts.cpu.torch_threads_estimate, facts.cpu.affinity_cores
+    procs = local_processes(facts, opts)
+    n = procs.count
     if pool is None or visible is None or n < 2 or n * pool <= visible:
         return
     yield Hit(
         {"n": n, "pool": pool, "total": n * pool, "visible": visible, "per_rank": max(1, visible // n)},
-        (ev("training processes", n, "--nproc-per-node or LOCAL_WORLD_SIZE"), *_torch_ev(facts),
+        (ev("training processes", n, procs.source), *_torch_ev(facts),
          ev("CPUs this process may run on", visible, "/proc/self/status Cpus_allowed_list")),
     )
 
@@ -60,15 +61,16 @@ register(Code(
 
 
 def _check_quota(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    quota, visible = facts.get("cpu.cgroup_quota_cpus"), facts.get("cpu.affinity_cores")
-    pool, cv2 = facts.get("cpu.torch_threads_estimate"), facts.get("cpu.cv2.threads")
+    cpu = facts.cpu
+    quota, visible = cpu.cgroup_quota_cpus, cpu.affinity_cores
+    pool, cv2 = cpu.torch_threads_estimate, cpu.cv2.threads
     if quota is None or visible is None or quota >= visible:
         return
-    cap = facts.get("cpu.usable_threads") or max(1, int(quota))
+    cap = cpu.usable_threads or max(1, int(quota))
     sized = max(v for v in (pool, cv2, 0) if v is not None)
     if sized <= cap:
         return
-    evidence = [ev("cgroup CPU quota (CPUs)", f"{quota:g}", facts.get("cpu.cgroup_quota_source", "cpu.max")),
+    evidence = [ev("cgroup CPU quota (CPUs)", f"{quota:g}", cpu.cgroup_quota_source or "cpu.max"),
                 ev("CPUs visible to the process", visible, "/proc/self/status Cpus_allowed_list"), *_torch_ev(facts)]
     if cv2 is not None:
         evidence.append(ev("OpenCV threads", cv2, "cv2.getNumThreads() in a child"))
@@ -104,8 +106,8 @@ register(Code(
 
 
 def _check_cv2(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    threads, usable = facts.get("cpu.cv2.threads"), facts.get("cpu.usable_threads")
-    n = nproc(facts, opts)
+    threads, usable = facts.cpu.cv2.threads, facts.cpu.usable_threads
+    n = local_processes(facts, opts).count
     if not threads or threads <= 1 or opts.num_workers == 0 or usable is None:
         return
     total = n * opts.num_workers * threads
@@ -113,9 +115,9 @@ def _check_cv2(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
         return
     yield Hit(
         {"threads": threads, "workers": n * opts.num_workers, "total": total, "usable": usable},
-        (ev("cv2.getNumThreads()", threads, facts.get("cpu.cv2.source", "cv2 probe")),
+        (ev("cv2.getNumThreads()", threads, facts.cpu.cv2.source or "cv2 probe"),
          ev("DataLoader workers on this machine", n * opts.num_workers, "--num-workers × processes"),
-         ev("usable CPUs", facts.get("cpu.usable_cores"), f"limited by {facts.get('cpu.usable_limited_by', '?')}")),
+         ev("usable CPUs", facts.cpu.usable_cores, f"limited by {facts.cpu.usable_limited_by or '?'}")),
     )
 
 
@@ -140,9 +142,9 @@ register(Code(
 
 
 def _check_env_unset(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    env = facts.get("cpu.thread_env") or {}
-    visible, usable = facts.get("cpu.affinity_cores"), facts.get("cpu.usable_threads")
-    workers = nproc(facts, opts) * opts.num_workers
+    env = facts.cpu.thread_env
+    visible, usable = facts.cpu.affinity_cores, facts.cpu.usable_threads
+    workers = local_processes(facts, opts).count * opts.num_workers
     if any(v in env for v in POOL_VARS) or not visible or not usable or visible < 2 or workers < 2:
         return
     total = workers * visible
@@ -176,7 +178,7 @@ register(Code(
 
 
 def _check_env_invalid(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    env = facts.get("cpu.thread_env") or {}
+    env = facts.cpu.thread_env
     for name in THREAD_ENV:
         if name == "MKL_DYNAMIC" or name not in env or env_threads(env[name]) is not None:
             continue
@@ -207,24 +209,24 @@ def _cpus(value: float) -> str:
 
 
 def _check_workers_exceed_cpus(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    usable, usable_threads = facts.get("cpu.usable_cores"), facts.get("cpu.usable_threads")
+    cpu = facts.cpu
+    usable, usable_threads = cpu.usable_cores, cpu.usable_threads
     if usable is None or not usable_threads or opts.num_workers == 0 or "num_workers" in opts.assumed:
         return
-    n = nproc(facts, opts)
+    n = local_processes(facts, opts).count
     workers = n * opts.num_workers
     if workers <= usable_threads:
         return
     per = int(usable_threads) // n
     limited = {"logical": "the CPUs online", "affinity": "its CPU affinity mask",
-               "cgroup-quota": "its cgroup CPU quota"}.get(str(facts.get("cpu.usable_limited_by")), "?")
+               "cgroup-quota": "its cgroup CPU quota"}.get(str(cpu.usable_limited_by), "?")
     arithmetic = f"{n} training processes × {opts.num_workers}" if n > 1 else f"--num-workers {opts.num_workers}"
     evidence = [ev("DataLoader workers on this machine", f"{arithmetic} = {workers}", "--num-workers × processes")]
-    if facts.get("cpu.affinity_cores") is not None:
-        evidence.append(ev("CPUs this process may run on", facts.get("cpu.affinity_cores"),
-                           "/proc/self/status Cpus_allowed_list"))
-    quota = facts.get("cpu.cgroup_quota_cpus")
+    if cpu.affinity_cores is not None:
+        evidence.append(ev("CPUs this process may run on", cpu.affinity_cores, "/proc/self/status Cpus_allowed_list"))
+    quota = cpu.cgroup_quota_cpus
     if quota is not None:
-        evidence.append(ev("cgroup CPU quota (CPUs)", _cpus(quota), facts.get("cpu.cgroup_quota_source") or "cpu.max"))
+        evidence.append(ev("cgroup CPU quota (CPUs)", _cpus(quota), cpu.cgroup_quota_source or "cpu.max"))
     evidence.append(ev("usable CPUs", _cpus(usable), f"limited by {limited}"))
     yield Hit(
         {"workers": workers, "arithmetic": arithmetic, "usable": _cpus(usable), "limited": limited, "n": n,

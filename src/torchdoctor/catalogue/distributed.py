@@ -24,11 +24,11 @@ FREE_PORT = "python -c 'import socket; s=socket.socket(); s.bind((\"\", 0)); pri
 
 
 def env_of(facts: Facts) -> dict[str, str]:
-    return facts.section("dist").get("env") or {}
+    return facts.dist.env
 
 
 def ints_of(facts: Facts) -> dict[str, int]:
-    return facts.section("dist").get("ints") or {}
+    return facts.dist.ints
 
 
 def env_ev(name: str, value: Any) -> Evidence:
@@ -48,11 +48,11 @@ def _set(env: dict[str, str], name: str) -> bool:
 
 def _launcher_ranks(facts: Facts) -> dict[str, Any] | None:
     """The launcher that started this task (not torchrun) and its own rank variables, if any."""
-    dist, ints = facts.section("dist"), ints_of(facts)
-    launcher = dist.get("launcher") or {}
-    if launcher.get("torchrun"):
+    ints = ints_of(facts)
+    launcher = facts.dist.launcher
+    if launcher.torchrun:
         return None
-    if launcher.get("slurm_step") and "SLURM_PROCID" in ints:
+    if launcher.slurm_step and "SLURM_PROCID" in ints:
         size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in ints else "SLURM_NTASKS"
         if size_var in ints:
             return {"name": "Slurm", "prefix": "SLURM_", "rank": "SLURM_PROCID", "size": size_var,
@@ -61,7 +61,7 @@ def _launcher_ranks(facts: Facts) -> dict[str, Any] | None:
                                "exec python train.py'",
                     "launch": "srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc-per-node=<GPUs per node> "
                               "--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT train.py"}
-    mpi = launcher.get("mpi")
+    mpi = launcher.mpi
     if mpi == "openmpi" and "OMPI_COMM_WORLD_RANK" in ints and "OMPI_COMM_WORLD_SIZE" in ints:
         return {"name": "Open MPI", "prefix": "OMPI_COMM_WORLD_", "rank": "OMPI_COMM_WORLD_RANK",
                 "size": "OMPI_COMM_WORLD_SIZE", "local": "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -92,12 +92,12 @@ def _unmapped(facts: Facts) -> dict[str, Any] | None:
 # -- TD401 ----------------------------------------------------------------------------------------
 
 def _check_incomplete(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    dist, env = facts.section("dist"), env_of(facts)
+    dist, env = facts.dist, env_of(facts)
     if not dist or _unmapped(facts):
         return
     missing = [v for v in ENV_REQUIRED if not _set(env, v)]
     rankish = [v for v in RANKISH if v in env]
-    requested = opts.dist or bool(dist.get("requested"))
+    requested = opts.dist or bool(dist.requested)
     if not missing or not (rankish or requested):
         return
     present = [f"{v}={env[v]}" for v in (*ENV_REQUIRED, *RANKISH) if _set(env, v) and v not in missing]
@@ -141,7 +141,7 @@ TD401 = register(Code(
 # -- TD402 / TD403 --------------------------------------------------------------------------------
 
 def _check_not_int(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    not_int = facts.section("dist").get("not_int") or {}
+    not_int = facts.dist.not_int
     bad = {k: v for k, v in not_int.items() if k in TORCH_INTS and v != ""}  # empty means unset: TD401
     if not bad:
         return
@@ -346,17 +346,17 @@ TD406 = register(Code(
 # -- backends, debug level -----------------------------------------------------------------------
 
 def _check_nccl_missing(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    dist, torch = facts.section("dist"), facts.section("torch")
-    devices = facts.get("gpu.devices") or []
-    if not (dist.get("active") or opts.dist) or not devices or not torch.get("installed"):
+    torch = facts.torch
+    devices = facts.gpu.devices
+    if not (facts.dist.active or opts.dist) or not devices or not torch.installed:
         return
-    if (torch.get("backends") or {}).get("nccl") is not False:
+    if torch.backends.nccl is not False:
         return
-    build = f"CUDA {torch['cuda']}" if torch.get("cuda") else "CPU-only build"
+    build = f"CUDA {torch.cuda}" if torch.cuda else "CPU-only build"
     yield Hit(
-        {"gpus": len(devices), "version": torch.get("version") or "?", "build": build},
-        (ev("GPUs", len(devices), "gpu.devices (NVML)"), ev("torch", f"{torch.get('version')} ({build})", "torch/version.py"),
-         ev("nccl backend", False, torch.get("backends_source") or "torch library folder")),
+        {"gpus": len(devices), "version": torch.version or "?", "build": build},
+        (ev("GPUs", len(devices), "gpu.devices (NVML)"), ev("torch", f"{torch.version} ({build})", "torch/version.py"),
+         ev("nccl backend", False, torch.backends_source or "torch library folder")),
     )
 
 

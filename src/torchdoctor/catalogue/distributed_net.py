@@ -6,10 +6,11 @@ Quoted torch error texts were produced on torch 2.13 (tests/fixtures/dist/torch_
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..facts import Facts
+from ..facts.schema import Interface, PortHolder
 from ..model import Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
@@ -18,44 +19,44 @@ from .distributed import FREE_PORT, env_ev, env_of, ints_of
 
 # -- MASTER_PORT ----------------------------------------------------------------------------------
 
-def _holder_text(holder: dict[str, Any] | None) -> tuple[str, str]:
-    if not holder or holder.get("pid") is None:
+def _holder_text(holder: PortHolder) -> tuple[str, str]:
+    if not holder or holder.pid is None:
         return "", ""
-    who = ", ".join(str(x) for x in (holder.get("name"), f"user {holder['user']}" if holder.get("user") else None) if x)
-    text = f"; it is held by pid {holder['pid']}" + (f" ({who})" if who else "")
-    kill = f" (pid {holder['pid']}: check it is yours with `ps -o user,pid,args -p {holder['pid']}`, then `kill {holder['pid']}`)"
+    who = ", ".join(str(x) for x in (holder.name, f"user {holder.user}" if holder.user else None) if x)
+    text = f"; it is held by pid {holder.pid}" + (f" ({who})" if who else "")
+    kill = f" (pid {holder.pid}: check it is yours with `ps -o user,pid,args -p {holder.pid}`, then `kill {holder.pid}`)"
     return text, kill
 
 
 def _check_port_in_use(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    dist = facts.section("dist")
-    store = dist.get("store") or {}
-    if not store.get("tested") or store.get("bindable") is not False:
+    dist = facts.dist
+    store = dist.store
+    if not store.tested or store.bindable is not False:
         return
-    holder = store.get("holder")
-    if holder and (holder.get("is_self") or holder.get("is_ancestor")):
+    holder = store.holder
+    if holder and (holder.is_self or holder.is_ancestor):
         return  # our own launcher (torchrun's agent store) or this very process holds it: expected
-    if (dist.get("launcher") or {}).get("agent_store") and not (holder and holder.get("pid")):
+    if dist.launcher.agent_store and not (holder and holder.pid):
         return  # a torchrun worker: the agent holds the port, even when its pid is not visible
     # EAFNOSUPPORT (no IPv6) and EADDRNOTAVAIL (an address not on this host) say nothing about the port
-    failed = [b for b in store.get("bind") or [] if not b.get("ok")
-              and b.get("errno") not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL)]
+    failed = [b for b in store.bind if not b.ok and b.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL)]
     if not failed:
         return
-    error = failed[0].get("error") or f"errno {failed[0].get('errno')}"
-    in_use = bool(store.get("in_use"))
+    error = failed[0].error or f"errno {failed[0].errno}"
+    in_use = bool(store.in_use)
     held, kill = _holder_text(holder)
-    denied = any(b.get("errno") == errno.EACCES for b in failed)
+    denied = any(b.errno == errno.EACCES for b in failed)
     hint = " Ports below 1024 need root or CAP_NET_BIND_SERVICE (net.ipv4.ip_unprivileged_port_start)." if denied else ""
-    evidence = [env_ev("MASTER_PORT", store.get("port")), env_ev("MASTER_ADDR", env_of(facts).get("MASTER_ADDR", "not set"))]
-    evidence += [ev(f"bind {b['address']}:{store.get('port')}", b.get("error") or "ok", "socket.bind with SO_REUSEADDR")
-                 for b in store.get("bind") or []]
-    if holder and holder.get("pid") is not None:
-        evidence.append(ev("held by", f"pid {holder['pid']} {holder.get('name') or ''} {holder.get('cmdline') or ''}".strip(),
+    evidence = [env_ev("MASTER_PORT", store.port), env_ev("MASTER_ADDR", env_of(facts).get("MASTER_ADDR", "not set"))]
+    evidence += [ev(f"bind {b.address}:{store.port}", b.error or "ok", "socket.bind with SO_REUSEADDR")
+                 for b in store.bind]
+    if holder and holder.pid is not None:
+        cmdline = list(holder.cmdline) if holder.cmdline is not None else ""
+        evidence.append(ev("held by", f"pid {holder.pid} {holder.name or ''} {cmdline or ''}".strip(),
                            "psutil.net_connections"))
     yield Hit(
-        {"port": store.get("port"), "error": error, "state": "is already in use" if in_use else "cannot be bound",
-         "why": store.get("why") or "", "held": held, "kill": kill, "hint": hint},
+        {"port": store.port, "error": error, "state": "is already in use" if in_use else "cannot be bound",
+         "why": store.why or "", "held": held, "kill": kill, "hint": hint},
         tuple(evidence),
     )
 
@@ -87,14 +88,14 @@ TD407 = register(Code(
 # -- MASTER_ADDR ----------------------------------------------------------------------------------
 
 def _check_unresolvable(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    master = facts.section("dist").get("master") or {}
-    if not master or master.get("addresses") or not master.get("error"):
+    master = facts.dist.master
+    if not master or master.addresses or not master.error:
         return
     port = env_of(facts).get("MASTER_PORT", "<port>")
     yield Hit(
-        {"addr": master.get("addr"), "error": master["error"], "port": port},
-        (env_ev("MASTER_ADDR", master.get("addr")), ev("getaddrinfo", master["error"], f"getaddrinfo({master.get('addr')!r})")),
-        severity=Severity.WARNING if master.get("timed_out") else None,
+        {"addr": master.addr, "error": master.error, "port": port},
+        (env_ev("MASTER_ADDR", master.addr), ev("getaddrinfo", master.error, f"getaddrinfo({master.addr!r})")),
+        severity=Severity.WARNING if master.timed_out else None,
     )
 
 
@@ -134,14 +135,14 @@ def _nodes(ints: dict[str, int]) -> tuple[int, str] | None:
 
 
 def _check_loopback_multinode(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    master = facts.section("dist").get("master") or {}
+    master = facts.dist.master
     nodes = _nodes(ints_of(facts))
-    if not master.get("loopback") or not nodes:
+    if not master.loopback or not nodes:
         return
-    addrs = ", ".join(master.get("addresses") or [])
+    addrs = ", ".join(master.addresses or ())
     yield Hit(
-        {"addr": master.get("addr"), "addresses": addrs, "nodes": nodes[0], "evidence": nodes[1]},
-        (env_ev("MASTER_ADDR", master.get("addr")), ev("resolves to", addrs, "getaddrinfo"),
+        {"addr": master.addr, "addresses": addrs, "nodes": nodes[0], "evidence": nodes[1]},
+        (env_ev("MASTER_ADDR", master.addr), ev("resolves to", addrs, "getaddrinfo"),
          ev("nodes", nodes[1], "environment")),
     )
 
@@ -169,16 +170,15 @@ TD409 = register(Code(
 
 
 def _check_rank0_elsewhere(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    dist = facts.section("dist")
-    master, launcher = dist.get("master") or {}, dist.get("launcher") or {}
-    if ints_of(facts).get("RANK") != 0 or master.get("is_local") is not False or launcher.get("agent_store") \
-            or launcher.get("torchrun"):
+    dist = facts.dist
+    master, launcher = dist.master, dist.launcher
+    if ints_of(facts).get("RANK") != 0 or master.is_local is not False or launcher.agent_store or launcher.torchrun:
         return
-    addrs = ", ".join(master.get("addresses") or [])
+    addrs = ", ".join(master.addresses or ())
     yield Hit(
-        {"addr": master.get("addr"), "addresses": addrs, "hostname": dist.get("hostname") or "this host"},
-        (env_ev("RANK", 0), env_ev("MASTER_ADDR", master.get("addr")), ev("resolves to", addrs, "getaddrinfo"),
-         ev("this host", dist.get("hostname"), "psutil.net_if_addrs, gethostname")),
+        {"addr": master.addr, "addresses": addrs, "hostname": dist.hostname or "this host"},
+        (env_ev("RANK", 0), env_ev("MASTER_ADDR", master.addr), ev("resolves to", addrs, "getaddrinfo"),
+         ev("this host", dist.hostname, "psutil.net_if_addrs, gethostname")),
     )
 
 
@@ -207,13 +207,17 @@ TD410 = register(Code(
 
 # -- socket interfaces ----------------------------------------------------------------------------
 
-def ifname_unmatched(var: str, value: str, names: dict[str, Any]) -> list[str]:
+def _has_address(iface: Interface | Mapping[str, Any]) -> bool:
+    return bool(iface.addresses if isinstance(iface, Interface) else iface.get("addresses"))
+
+
+def ifname_unmatched(var: str, value: str, names: Mapping[str, Interface] | Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Entries of a *_SOCKET_IFNAME value that name no interface with an address ([] when usable).
 
     NCCL takes prefixes (``eth`` matches eth0), ``=name`` for an exact name and a leading ``^`` for an
     exclusion list, and needs one match; gloo and TensorPipe take exact names and need every one.
     """
-    usable = {n for n, i in names.items() if i.get("addresses")}
+    usable = {n for n, i in names.items() if _has_address(i)}
     entries = [e.strip() for e in value.split(",") if e.strip()]
     if var == "NCCL_SOCKET_IFNAME":
         if value.startswith("^"):
@@ -223,13 +227,13 @@ def ifname_unmatched(var: str, value: str, names: dict[str, Any]) -> list[str]:
     return [e for e in entries if e not in usable]
 
 
-def _describe_entry(entry: str, names: dict[str, Any], prefix: bool) -> str:
+def _describe_entry(entry: str, names: dict[str, Interface], prefix: bool) -> str:
     exact = not prefix or entry.startswith("=")
     key = entry[1:] if entry.startswith("=") else entry
     found = [n for n in names if (n == key if exact else n.startswith(key))]
     if not found:
         return f"no interface {'is named' if exact else 'starts with'} {key}"
-    down = [n for n in found if names[n].get("up") is False]
+    down = [n for n in found if names[n].up is False]
     return f"{', '.join(found)} {'has' if len(found) == 1 else 'have'} no IPv4/IPv6 address" + (
         f" ({', '.join(down)} down)" if down else "")
 
@@ -242,18 +246,18 @@ _IFNAME_EFFECT = {
 
 
 def _check_ifname(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    names = (facts.section("dist").get("interfaces") or {}).get("names")
+    names = facts.dist.interfaces.names
     if not names:
         return
     env = env_of(facts)
-    usable = [n for n, i in names.items() if i.get("addresses")]
-    suggest = next((n for n in usable if n != "lo" and names[n].get("up")), "lo")
+    usable = [n for n, i in names.items() if i.addresses]
+    suggest = next((n for n in usable if n != "lo" and names[n].up), "lo")
     for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
         value = env.get(var)
         if not value or not (bad := ifname_unmatched(var, value, names)):
             continue
         detail = "; ".join(_describe_entry(e, names, var == "NCCL_SOCKET_IFNAME") for e in bad)
-        available = ", ".join(f"{n} {names[n]['addresses'][0]}" for n in usable) or "none"
+        available = ", ".join(f"{n} {names[n].addresses[0]}" for n in usable) or "none"
         yield Hit(
             {"var": var, "value": value, "detail": detail, "available": available, "suggest": suggest,
              "effect": _IFNAME_EFFECT[var].format(name=bad[0].lstrip("="))},

@@ -1,6 +1,7 @@
 """TD30x: GPUs: is there one, can this process have it, how much of it is left, and does the
 driver fit the torch build. Judged from the ``gpu`` section (NVML / nvidia-smi), ``torch`` and the
-launcher's variables in ``host.env``; nothing here creates a CUDA context."""
+launcher's variables in ``host.env`` (the processes on this node, in gpu_visible.py, through
+:func:`._processes.local_processes`); nothing here creates a CUDA context."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..facts import Facts
+from ..facts.schema import GpuDevice, GpuProcess
 from ..model import Evidence, Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
@@ -25,78 +27,50 @@ _LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
 
 # -- helpers (pure) --------------------------------------------------------------------------------
 
-def _devices(facts: Facts) -> list[dict[str, Any]]:
-    return [d for d in facts.get("gpu.devices", []) if isinstance(d, dict)]
-
-
-def _visible(facts: Facts) -> list[dict[str, Any]]:
+def _visible(facts: Facts) -> list[GpuDevice]:
     """The devices CUDA will enumerate for this process, in CUDA's order."""
-    devices = _devices(facts)
-    vis = facts.get("gpu.visible") or {}
-    if not vis.get("env_set"):
+    devices = list(facts.gpu.devices)
+    vis = facts.gpu.visible
+    if not vis.env_set:
         return devices
-    by_index = {d.get("index"): d for d in devices}
-    return [by_index[i] for i in vis.get("visible_indices", []) if i in by_index]
+    by_index = {d.index: d for d in devices}
+    return [by_index[i] for i in vis.visible_indices if i in by_index]
 
 
-def _label(dev: dict[str, Any]) -> str:
-    return f"GPU {dev.get('index')} ({dev.get('name') or 'unknown model'})"
+def _label(dev: GpuDevice) -> str:
+    return f"GPU {dev.index} ({dev.name or 'unknown model'})"
 
 
-def _foreign(facts: Facts, dev: dict[str, Any], compute_only: bool = True) -> list[dict[str, Any]]:
-    own = facts.get("host.pid")
-    return [p for p in dev.get("processes") or [] if p.get("pid") != own
-            and (not compute_only or "C" in str(p.get("type") or "C"))]
+def _foreign(facts: Facts, dev: GpuDevice, compute_only: bool = True) -> list[GpuProcess]:
+    own = facts.host.pid
+    return [p for p in dev.processes if p.pid != own and (not compute_only or "C" in (p.type or "C"))]
 
 
-def _procs_text(procs: list[dict[str, Any]]) -> str:
+def _procs_text(procs: list[GpuProcess]) -> str:
     parts = []
     for p in procs[:4]:
-        mem = f", {human_bytes(p['used_memory_bytes'])}" if p.get("used_memory_bytes") is not None else ""
-        parts.append(f"pid {p.get('pid')} {p.get('name') or '?'}{mem}")
+        mem = f", {human_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else ""
+        parts.append(f"pid {p.pid} {p.name or '?'}{mem}")
     more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
     return "; ".join(parts) + more
 
 
 def _env_int(facts: Facts, *names: str) -> tuple[int | None, str | None]:
+    """The first of ``names`` set to an integer in the environment, and its name."""
     for name in names:
-        raw = facts.get(f"host.env.{name}")
+        raw = facts.host.env.get(name)
         if raw is None:
             continue
         try:
-            return int(str(raw).strip()), name
+            return int(raw.strip()), name
         except ValueError:
             continue
     return None, None
 
 
-def _slurm_tasks_here(facts: Facts) -> int | None:
-    """Tasks on this node from SLURM_TASKS_PER_NODE (``"4(x2),3"``) and SLURM_NODEID."""
-    raw, node = facts.get("host.env.SLURM_TASKS_PER_NODE"), facts.get("host.env.SLURM_NODEID", "0")
-    if not raw or not str(node).isdigit():
-        return None
-    counts: list[int] = []
-    for token in str(raw).split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", token)
-        if not m:
-            return None
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    return counts[int(node)] if int(node) < len(counts) else None
-
-
-def _local_world(facts: Facts, opts: CheckOptions) -> tuple[int | None, str | None]:
-    if opts.nproc_per_node:
-        return opts.nproc_per_node, "--nproc-per-node"
-    n, src = _env_int(facts, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-    if n is not None:
-        return n, src
-    tasks = _slurm_tasks_here(facts)
-    return (tasks, "SLURM_TASKS_PER_NODE") if tasks is not None else (None, None)
-
-
 def _cuda_visible_ev(facts: Facts) -> Evidence:
-    vis = facts.get("gpu.visible") or {}
-    return ev("CUDA_VISIBLE_DEVICES", vis.get("value") if vis.get("env_set") else "(not set: all GPUs)", "environment")
+    vis = facts.gpu.visible
+    return ev("CUDA_VISIBLE_DEVICES", vis.value if vis.env_set else "(not set: all GPUs)", "environment")
 
 
 def _version(text: Any) -> tuple[int, int] | None:
@@ -107,18 +81,18 @@ def _version(text: Any) -> tuple[int, int] | None:
 # -- TD301 -----------------------------------------------------------------------------------------
 
 def _check_no_gpu(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    gpu = facts.section("gpu")
+    gpu = facts.gpu
     if not gpu:
         why = facts.why_unknown("gpu")
         if why:
             yield Hit({"reason": f"the GPU facts could not be read ({why})"}, (ev("gpu facts", "unknown", why),))
         return
-    if gpu.get("available"):
+    if gpu.available:
         return
-    reason = gpu.get("reason") or "no GPU found"
-    evidence = [ev("NVML / nvidia-smi", reason, gpu.get("source") or "nvmlInit, nvidia-smi on PATH")]
-    if facts.get("torch.cuda_build"):
-        evidence.append(ev("torch build", f"CUDA {facts.get('torch.cuda')}", "torch/version.py"))
+    reason = gpu.reason or "no GPU found"
+    evidence = [ev("NVML / nvidia-smi", reason, gpu.source or "nvmlInit, nvidia-smi on PATH")]
+    if facts.torch.cuda_build:
+        evidence.append(ev("torch build", f"CUDA {facts.torch.cuda}", "torch/version.py"))
     yield Hit({"reason": reason}, tuple(evidence))
 
 
@@ -142,14 +116,15 @@ TD301 = register(Code(
 # -- TD302 -----------------------------------------------------------------------------------------
 
 def _check_cpu_build(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    if not facts.get("gpu.available") or not facts.get("torch.installed"):
+    torch = facts.torch
+    if not facts.gpu.available or not torch.installed:
         return
-    if facts.get("torch.cuda_build") is not False or facts.get("torch.hip"):
+    if torch.cuda_build is not False or torch.hip:
         return
-    count, driver = facts.get("gpu.device_count", 0), facts.get("gpu.cuda_driver_version") or "unknown"
+    count, driver = facts.gpu.device_count or 0, facts.gpu.cuda_driver_version or "unknown"
     yield Hit(
-        {"version": facts.get("torch.version") or "?", "count": count, "driver_cuda": driver},
-        (ev("torch", f"{facts.get('torch.version')} (no CUDA libraries)", "torch/version.py, torch/lib"),
+        {"version": torch.version or "?", "count": count, "driver_cuda": driver},
+        (ev("torch", f"{torch.version} (no CUDA libraries)", "torch/version.py, torch/lib"),
          ev("GPUs", count, NVSMI), ev("driver supports CUDA", driver, NVSMI)),
     )
 
@@ -175,7 +150,7 @@ TD302 = register(Code(
 
 def _check_exclusive_busy(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     visible = _visible(facts)
-    busy = [(d, _foreign(facts, d)) for d in visible if d.get("compute_mode") == "Exclusive_Process"]
+    busy = [(d, _foreign(facts, d)) for d in visible if d.compute_mode == "Exclusive_Process"]
     busy = [(d, procs) for d, procs in busy if procs]
     if not busy:
         return
@@ -183,7 +158,7 @@ def _check_exclusive_busy(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     yield Hit(
         {"gpus": ", ".join(_label(d) for d, _ in busy), "n_busy": len(busy), "n_visible": len(visible),
          "effect": "so the first CUDA call fails" if every else "so using one of them fails",
-         "index": busy[0][0].get("index"), "pids": ", ".join(str(p["pid"]) for _, ps in busy for p in ps[:4])},
+         "index": busy[0][0].index, "pids": ", ".join(str(p.pid) for _, ps in busy for p in ps[:4])},
         tuple(ev(f"{_label(d)} compute mode", f"Exclusive_Process, held by {_procs_text(ps)}", NVSMI) for d, ps in busy)
         + (_cuda_visible_ev(facts),),
     )
@@ -209,9 +184,9 @@ TD303 = register(Code(
 
 
 def _check_prohibited(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    bad = [d for d in _visible(facts) if d.get("compute_mode") == "Prohibited"]
+    bad = [d for d in _visible(facts) if d.compute_mode == "Prohibited"]
     if bad:
-        yield Hit({"gpus": ", ".join(_label(d) for d in bad), "indices": ",".join(str(d.get("index")) for d in bad)},
+        yield Hit({"gpus": ", ".join(_label(d) for d in bad), "indices": ",".join(str(d.index) for d in bad)},
                   tuple(ev(f"{_label(d)} compute mode", "Prohibited", NVSMI) for d in bad) + (_cuda_visible_ev(facts),))
 
 
@@ -232,15 +207,14 @@ TD304 = register(Code(
 # -- TD305 / TD306 memory and utilisation held by others ---------------------------------------------
 
 def _check_memory_taken(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    low: list[tuple[dict[str, Any], float]] = []
-    own = facts.get("host.pid")
+    low: list[tuple[GpuDevice, float]] = []
+    own = facts.host.pid
     for dev in _visible(facts):
-        mem = dev.get("memory") or {}
-        total, free = mem.get("total_bytes"), mem.get("free_bytes")
+        total, free = dev.memory.total_bytes, dev.memory.free_bytes
         if not total or free is None:
             continue
         # Memory this very process holds (torchdoctor called from inside a run) is not taken by others.
-        free += sum(p.get("used_memory_bytes") or 0 for p in dev.get("processes") or [] if p.get("pid") == own)
+        free += sum(p.used_memory_bytes or 0 for p in dev.processes if p.pid == own)
         if free / total < LOW_FREE:
             low.append((dev, free / total))
     if not low:
@@ -248,14 +222,14 @@ def _check_memory_taken(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     worst = min(frac for _, frac in low)
     evidence = []
     for dev, frac in low:
-        mem, procs = dev["memory"], _foreign(facts, dev, compute_only=False)
+        mem, procs = dev.memory, _foreign(facts, dev, compute_only=False)
         held = _procs_text(procs) if procs else "no process listed (other container, or MIG/vGPU)"
-        evidence.append(ev(f"{_label(dev)} free", f"{human_bytes(mem['free_bytes'])} of {human_bytes(mem['total_bytes'])} "
+        evidence.append(ev(f"{_label(dev)} free", f"{human_bytes(mem.free_bytes)} of {human_bytes(mem.total_bytes)} "
                            f"({frac:.0%}); held by {held}", NVSMI))
-    first = low[0][0]["memory"]
+    first = low[0][0].memory
     yield Hit(
         {"n_low": len(low), "n_visible": len(_visible(facts)), "worst": f"{worst:.0%}",
-         "example": f"{_label(low[0][0])} has {human_bytes(first['free_bytes'])} free of {human_bytes(first['total_bytes'])}"},
+         "example": f"{_label(low[0][0])} has {human_bytes(first.free_bytes)} free of {human_bytes(first.total_bytes)}"},
         tuple(evidence) + (_cuda_visible_ev(facts),),
         severity=Severity.ERROR if worst < VERY_LOW_FREE else None,
     )
@@ -280,12 +254,11 @@ TD305 = register(Code(
 
 def _check_busy(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     busy = [(d, _foreign(facts, d)) for d in _visible(facts)
-            if (d.get("utilization") or {}).get("gpu_percent") is not None
-            and d["utilization"]["gpu_percent"] >= BUSY_PERCENT]
+            if d.utilization.gpu_percent is not None and d.utilization.gpu_percent >= BUSY_PERCENT]
     busy = [(d, ps) for d, ps in busy if ps]
     if busy:
-        yield Hit({"n_busy": len(busy), "gpus": ", ".join(f"{_label(d)} at {d['utilization']['gpu_percent']}%" for d, _ in busy)},
-                  tuple(ev(f"{_label(d)} utilisation", f"{d['utilization']['gpu_percent']}% with {_procs_text(ps)}", NVSMI)
+        yield Hit({"n_busy": len(busy), "gpus": ", ".join(f"{_label(d)} at {d.utilization.gpu_percent}%" for d, _ in busy)},
+                  tuple(ev(f"{_label(d)} utilisation", f"{d.utilization.gpu_percent}% with {_procs_text(ps)}", NVSMI)
                         for d, ps in busy))
 
 
@@ -306,19 +279,20 @@ TD306 = register(Code(
 # -- TD311 driver vs build, TD312 device order, TD313 ECC ------------------------------------------------
 
 def _check_driver_too_old(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    built, driver = _version(facts.get("torch.cuda")), _version(facts.get("gpu.cuda_driver_version"))
-    if not facts.get("gpu.available") or built is None or driver is None or driver >= built:
+    gpu, torch_cuda = facts.gpu, facts.torch.cuda
+    built, driver = _version(torch_cuda), _version(gpu.cuda_driver_version)
+    if not gpu.available or built is None or driver is None or driver >= built:
         return
     major = driver[0] < built[0]
     yield Hit(
-        {"torch_cuda": facts.get("torch.cuda"), "driver_cuda": facts.get("gpu.cuda_driver_version"),
-         "driver": facts.get("gpu.driver_version"),
+        {"torch_cuda": torch_cuda, "driver_cuda": gpu.cuda_driver_version,
+         "driver": gpu.driver_version,
          "effect": ("CUDA initialisation fails with 'The NVIDIA driver on your system is too old (found version "
                     f"{driver[0] * 1000 + driver[1] * 10})'") if major else
                    ("CUDA minor-version compatibility usually lets it run, but kernels needing the newer driver "
                     "(PTX JIT, some library features) can fail")},
-        (ev("torch built with CUDA", facts.get("torch.cuda"), "torch/version.py"),
-         ev("driver", f"{facts.get('gpu.driver_version')} (supports CUDA {facts.get('gpu.cuda_driver_version')})", NVSMI)),
+        (ev("torch built with CUDA", torch_cuda, "torch/version.py"),
+         ev("driver", f"{gpu.driver_version} (supports CUDA {gpu.cuda_driver_version})", NVSMI)),
         severity=None if major else Severity.WARNING,
     )
 
@@ -339,12 +313,12 @@ TD311 = register(Code(
 
 
 def _check_device_order(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    vis = facts.get("gpu.visible") or {}
-    models = sorted({str(d.get("name")) for d in _devices(facts)})
-    uses_index = any(e.get("kind") == "index" for e in vis.get("entries") or [])
-    if len(models) > 1 and vis.get("env_set") and uses_index and vis.get("device_order") != "PCI_BUS_ID":
-        yield Hit({"models": ", ".join(models), "value": vis.get("value"), "order": vis.get("device_order") or "FASTEST_FIRST (default)"},
-                  (_cuda_visible_ev(facts), ev("CUDA_DEVICE_ORDER", vis.get("device_order") or "not set", "environment"),
+    vis = facts.gpu.visible
+    models = sorted({str(d.name) for d in facts.gpu.devices})
+    uses_index = any(e.kind == "index" for e in vis.entries)
+    if len(models) > 1 and vis.env_set and uses_index and vis.device_order != "PCI_BUS_ID":
+        yield Hit({"models": ", ".join(models), "value": vis.value, "order": vis.device_order or "FASTEST_FIRST (default)"},
+                  (_cuda_visible_ev(facts), ev("CUDA_DEVICE_ORDER", vis.device_order or "not set", "environment"),
                    ev("GPU models", ", ".join(models), NVSMI)))
 
 
@@ -363,11 +337,11 @@ TD312 = register(Code(
 
 
 def _check_ecc(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    bad = [d for d in _visible(facts) if ((d.get("ecc") or {}).get("volatile_uncorrected") or 0) > 0]
+    bad = [d for d in _visible(facts) if (d.ecc.volatile_uncorrected or 0) > 0]
     if bad:
-        yield Hit({"gpus": ", ".join(f"{_label(d)}: {d['ecc']['volatile_uncorrected']}" for d in bad),
-                   "index": bad[0].get("index")},
-                  tuple(ev(f"{_label(d)} uncorrectable ECC errors since driver load", d["ecc"]["volatile_uncorrected"], NVSMI)
+        yield Hit({"gpus": ", ".join(f"{_label(d)}: {d.ecc.volatile_uncorrected}" for d in bad),
+                   "index": bad[0].index},
+                  tuple(ev(f"{_label(d)} uncorrectable ECC errors since driver load", d.ecc.volatile_uncorrected, NVSMI)
                         for d in bad))
 
 

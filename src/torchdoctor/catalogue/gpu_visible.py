@@ -8,29 +8,29 @@ from ..facts import Facts
 from ..model import Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
+from ._processes import local_processes
 from ._util import ev
 from .gpu import (
     _LOCAL_RANK_VARS,
     NVSMI,
     _cuda_visible_ev,
     _env_int,
-    _local_world,
     _visible,
 )
 
 # -- TD307 / TD308 CUDA_VISIBLE_DEVICES ---------------------------------------------------------------
 
 def _check_visible_invalid(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    vis = facts.get("gpu.visible") or {}
-    if not facts.get("gpu.available") or not vis.get("env_set") or vis.get("hides_all") or not vis.get("invalid"):
+    vis = facts.gpu.visible
+    if not facts.gpu.available or not vis.env_set or vis.hides_all or not vis.invalid:
         return
-    count = facts.get("gpu.device_count", 0)
-    ignored = vis.get("ignored") or []
+    count = facts.gpu.device_count or 0
+    ignored = vis.ignored
     yield Hit(
-        {"value": vis.get("value"), "bad": vis["invalid"][0], "count": count, "last": count - 1, "seen": vis.get("count", 0),
+        {"value": vis.value, "bad": vis.invalid[0], "count": count, "last": count - 1, "seen": vis.count or 0,
          "ignored": f" (and ignores {', '.join(ignored)} after it)" if ignored else ""},
         (_cuda_visible_ev(facts), ev("GPUs on this machine", count, NVSMI),
-         ev("GPUs CUDA will see", vis.get("count", 0), "CUDA stops at the first invalid entry")),
+         ev("GPUs CUDA will see", vis.count or 0, "CUDA stops at the first invalid entry")),
     )
 
 
@@ -51,10 +51,11 @@ TD307 = register(Code(
 
 
 def _check_visible_hidden(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    vis = facts.get("gpu.visible") or {}
-    if facts.get("gpu.available") and vis.get("env_set") and vis.get("hides_all"):
-        yield Hit({"value": repr(vis.get("value")), "count": facts.get("gpu.device_count", 0)},
-                  (_cuda_visible_ev(facts), ev("GPUs on this machine", facts.get("gpu.device_count", 0), NVSMI)))
+    vis = facts.gpu.visible
+    if facts.gpu.available and vis.env_set and vis.hides_all:
+        count = facts.gpu.device_count or 0
+        yield Hit({"value": repr(vis.value), "count": count},
+                  (_cuda_visible_ev(facts), ev("GPUs on this machine", count, NVSMI)))
 
 
 TD308 = register(Code(
@@ -74,13 +75,13 @@ TD308 = register(Code(
 # -- TD309 / TD310 ranks and devices -------------------------------------------------------------------
 
 def _check_local_rank(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    if not facts.get("gpu.available"):
+    if not facts.gpu.available:
         return
     rank, var = _env_int(facts, *_LOCAL_RANK_VARS)
     count = len(_visible(facts))
     if rank is None or count == 0 or rank < count:
         return
-    per_task = facts.get("host.env.SLURM_GPUS_PER_TASK") is not None
+    per_task = "SLURM_GPUS_PER_TASK" in facts.host.env
     yield Hit(
         {"var": var, "rank": rank, "count": count, "last": count - 1},
         (ev(var or "local rank", rank, "environment"), ev("GPUs visible to this process", count, "CUDA_VISIBLE_DEVICES, NVML"),
@@ -105,17 +106,19 @@ TD309 = register(Code(
 
 
 def _check_ranks_share(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    if not facts.get("gpu.available") or facts.get("host.env.SLURM_GPUS_PER_TASK") is not None:
+    if not facts.gpu.available or "SLURM_GPUS_PER_TASK" in facts.host.env:
         return
-    world, source = _local_world(facts, opts)
+    procs = local_processes(facts, opts)
+    world, source = procs.count, procs.source
     count = len(_visible(facts))
-    if world is None or count == 0 or world <= count:
+    if not procs.known or count == 0 or world <= count:
         return
-    nccl = facts.get("torch.backends.nccl")
+    nccl = facts.torch.backends.nccl
     yield Hit(
         {"world": world, "source": source, "count": count},
-        (ev("processes on this node", world, source or ""), ev("GPUs visible to each", count, "CUDA_VISIBLE_DEVICES, NVML"),
-         ev("torch NCCL backend", {True: "available", False: "not in this build"}.get(nccl, "unknown"), "torch/lib")),
+        (ev("processes on this node", world, source), ev("GPUs visible to each", count, "CUDA_VISIBLE_DEVICES, NVML"),
+         ev("torch NCCL backend", "unknown" if nccl is None else "available" if nccl else "not in this build",
+            "torch/lib")),
         severity=None if nccl else Severity.WARNING,
     )
 

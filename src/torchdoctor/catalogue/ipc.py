@@ -46,46 +46,48 @@ class _Run:
 
 
 def _run(facts: Facts, opts: CheckOptions) -> _Run:
+    default = facts.torch.default_sharing_strategy
     if opts.sharing_strategy:
         strategy, s_src = opts.sharing_strategy, "--sharing-strategy"
-    elif facts.get("torch.default_sharing_strategy"):
-        strategy, s_src = facts.get("torch.default_sharing_strategy"), "torch's default"
-    elif facts.get("host.system") not in (None, "Linux"):
-        strategy, s_src = "file_system", f"torch's only strategy on {facts.get('host.system')}"
+    elif default:
+        strategy, s_src = default, "torch's default"
+    elif facts.host.system not in (None, "Linux"):
+        strategy, s_src = "file_system", f"torch's only strategy on {facts.host.system}"
     else:
         strategy, s_src = "file_descriptor", "torch's default on Linux"
+    method: str | None
     if opts.start_method:
         method, m_src = opts.start_method, "--start-method"
     else:
-        method = facts.get("host.python.default_start_method")
-        version = facts.get("host.python.version") or "?"
+        method = facts.host.python.default_start_method
+        version = facts.host.python.version or "?"
         m_src = f"Python {version}'s default"
-        if method == "forkserver" and facts.get("host.system", "Linux") == "Linux":
+        if method == "forkserver" and (facts.host.system or "Linux") == "Linux":
             m_src += ": Python 3.14 made forkserver the Linux default"
     return _Run(strategy, s_src, method, m_src)
 
 
 def _fd_budget(facts: Facts) -> dict[str, Any] | None:
     """Descriptors left under the soft RLIMIT_NOFILE, or None when it is unknown or unlimited."""
-    nofile = facts.get("limits.rlimits.nofile")
-    if not isinstance(nofile, dict) or nofile.get("soft") is None:
+    nofile = facts.limits.rlimits.nofile
+    if nofile.soft is None:
         return None
-    soft, used = int(nofile["soft"]), int(facts.get("limits.process.open_fds") or 0)
-    hard = nofile.get("hard")
-    return {"soft": soft, "hard": "unlimited" if nofile.get("hard_unlimited") else hard,
-            "hard_value": hard, "hard_unlimited": bool(nofile.get("hard_unlimited")),
+    soft, used = nofile.soft, facts.limits.process.open_fds or 0
+    hard = nofile.hard
+    return {"soft": soft, "hard": "unlimited" if nofile.hard_unlimited else hard,
+            "hard_value": hard, "hard_unlimited": bool(nofile.hard_unlimited),
             "open": used, "budget": max(soft - used, 0)}
 
 
 def _map_budget(facts: Facts) -> dict[str, Any] | None:
     """Mappings left under vm.max_map_count, and what they hold in one-page tensors."""
-    limit = facts.get("limits.sysctl.vm.max_map_count")
+    limit = facts.limits.sysctl.vm.max_map_count
     if limit is None:
         return None
-    used = int(facts.get("limits.process.map_count") or 0)
-    page = int(facts.get("limits.process.page_size") or DEFAULT_PAGE)
-    budget = max(int(limit) - used, 0)
-    return {"limit": int(limit), "used": used, "budget": budget, "page": human_bytes(page),
+    used = facts.limits.process.map_count or 0
+    page = facts.limits.process.page_size or DEFAULT_PAGE
+    budget = max(limit - used, 0)
+    return {"limit": limit, "used": used, "budget": budget, "page": human_bytes(page),
             "bytes": human_bytes(budget * page)}
 
 
@@ -116,7 +118,7 @@ def _check_map_count(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
         via = "the file_system strategy"
         severity = Severity.WARNING if run.pickles_dataset else Severity.INFO
     elif run.strategy == "file_descriptor" and run.pickles_dataset:
-        nofile_unlimited = facts.get("limits.rlimits.nofile.soft_unlimited") is True
+        nofile_unlimited = facts.limits.rlimits.nofile.soft_unlimited is True
         if not nofile_unlimited and (fd is None or fd["budget"] < mp["budget"]):
             return  # descriptors run out first: TD111
         via = "the file_descriptor strategy (besides its descriptor)"
@@ -178,18 +180,18 @@ TD110 = register(Code(
 # -- TD111 ------------------------------------------------------------------------------------
 
 def _raise_fix(fd: dict[str, Any], facts: Facts) -> str:
-    nr_open = facts.get("limits.sysctl.fs.nr_open")
+    nr_open = facts.limits.sysctl.fs.nr_open
     if fd["hard_unlimited"] or (fd["hard_value"] is not None and fd["hard_value"] > fd["soft"]):
         target = fd["hard_value"] if not fd["hard_unlimited"] else (nr_open or SUGGESTED_NOFILE)
         hard_expr = "resource.RLIM_INFINITY" if fd["hard_unlimited"] else str(target)
         return (f"Raise the soft limit up to the hard limit, which needs no root: `ulimit -n {target}` in the shell "
                 "or job script that starts training, or before the loader starts: `import resource; "
                 f"resource.setrlimit(resource.RLIMIT_NOFILE, ({target}, {hard_expr}))`.")
-    want = min(SUGGESTED_NOFILE, int(nr_open)) if nr_open else SUGGESTED_NOFILE
-    cap = facts.get("limits.process.cap_sys_resource")
-    who = {True: "this process has CAP_SYS_RESOURCE, so `ulimit -n {w}` works here",
-           False: "this process lacks CAP_SYS_RESOURCE, so even root cannot raise it from inside"}.get(
-        cap, "it needs root (CAP_SYS_RESOURCE)").format(w=want)
+    want = min(SUGGESTED_NOFILE, nr_open) if nr_open else SUGGESTED_NOFILE
+    cap = facts.limits.process.cap_sys_resource
+    who = ("it needs root (CAP_SYS_RESOURCE)" if cap is None else
+           f"this process has CAP_SYS_RESOURCE, so `ulimit -n {want}` works here" if cap else
+           "this process lacks CAP_SYS_RESOURCE, so even root cannot raise it from inside")
     return (f"The hard limit is {fd['hard']} as well and raising it needs privilege ({who}): Docker `--ulimit "
             f"nofile={want}:{want}`, systemd `LimitNOFILE={want}`, PAM `/etc/security/limits.conf` "
             f"(`* soft nofile {want}` and `* hard nofile {want}`), then start training from the new session.")
@@ -258,7 +260,7 @@ def _check_start_method(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     fd, mp = _fd_budget(facts), _map_budget(facts)
     if fd is not None:
         fd_text = f"about {fd['budget']} under file_descriptor (RLIMIT_NOFILE soft {fd['soft']} − {fd['open']} open)"
-    elif facts.get("limits.rlimits.nofile.soft_unlimited"):
+    elif facts.limits.rlimits.nofile.soft_unlimited:
         fd_text = "no descriptor limit under file_descriptor (RLIMIT_NOFILE unlimited)"
     else:
         fd_text = "an unknown number under file_descriptor (RLIMIT_NOFILE not read)"

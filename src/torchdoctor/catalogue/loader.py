@@ -27,8 +27,7 @@ MAP_COUNT_FLOOR = 262144
 
 
 def _static(facts: Facts) -> dict[str, Any] | None:
-    st = facts.get("loader.static")
-    return st if isinstance(st, dict) else None
+    return facts.loader.static
 
 
 def _method(st: dict[str, Any]) -> tuple[str | None, str]:
@@ -74,7 +73,7 @@ def ranked_fixes(facts: Facts, st: dict[str, Any], binding: str) -> str:
     strategy, _ = _strategy(st)
     safe, fork = _fork_fix(owner)
     steps = [fork] if safe else []
-    maps_limit = facts.get("limits.sysctl.vm.max_map_count")
+    maps_limit = facts.limits.sysctl.vm.max_map_count
     soft = owner.get("nofile_soft")
     if binding == "maps" and strategy == "file_system" and (soft is None or n + owner.get("open_fds", 0) < soft):
         steps.append("share by descriptor instead: `torch.multiprocessing.set_sharing_strategy(\"file_descriptor\")` "
@@ -154,7 +153,7 @@ register(Code(
 # -- TD511 / TD512 / TD513: the sharing cost against the host's limits -------------------------
 
 def _check_maps(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    st, limit = _static(facts), facts.get("limits.sysctl.vm.max_map_count")
+    st, limit = _static(facts), facts.limits.sysctl.vm.max_map_count
     if st is None or limit is None or _method(st)[0] not in PICKLING:
         return
     n, used = int((st.get("storages") or {}).get("count", 0)), int((st.get("owner") or {}).get("map_count", 0))
@@ -234,7 +233,7 @@ register(Code(
 
 
 def _check_dataset_shm(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    st, free = _static(facts), facts.get("shm.free_bytes")
+    st, free = _static(facts), facts.shm.free_bytes
     if st is None or free is None or _method(st)[0] not in PICKLING:
         return
     need = int((st.get("storages") or {}).get("bytes", 0))

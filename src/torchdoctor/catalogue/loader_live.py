@@ -31,8 +31,7 @@ _PHASE = {"import": "importing the target's module", "build": "building the Data
 
 
 def _outcome(facts: Facts) -> dict[str, Any]:
-    o = facts.get("loader.outcome")
-    return o if isinstance(o, dict) else {}
+    return facts.loader.outcome or {}
 
 
 def _explained(o: dict[str, Any]) -> str:
@@ -207,7 +206,7 @@ register(Code(
 # -- live measurements ------------------------------------------------------------------------
 
 def _check_batch_shm(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    batch, desc, free = facts.get("loader.batch"), facts.get("loader.loader"), facts.get("shm.free_bytes")
+    batch, desc, free = facts.loader.batch, facts.loader.loader, facts.shm.free_bytes
     if not isinstance(batch, dict) or not isinstance(desc, dict) or free is None or not desc.get("num_workers"):
         return
     workers, prefetch = int(desc["num_workers"]), int(desc.get("prefetch_factor") or 2)
@@ -253,7 +252,7 @@ register(Code(
 
 
 def _check_threads(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    live, cores = facts.get("loader.live"), facts.get("cpu.usable_cores")
+    live, cores = facts.loader.live, facts.cpu.usable_cores
     if not isinstance(live, dict) or not live.get("ran") or cores is None:
         return
     threads = [w["threads"] for w in live.get("workers", []) if w.get("threads")]
@@ -295,7 +294,7 @@ register(Code(
 
 
 def _check_growth(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    live, desc = facts.get("loader.live"), facts.get("loader.loader") or {}
+    live, desc = facts.loader.live, facts.loader.loader or {}
     if not isinstance(live, dict) or not live.get("ran") or (live.get("batches") or 0) < 2:
         return
     growth = [w["uss_last"] - w["uss_first"] for w in live.get("workers", [])

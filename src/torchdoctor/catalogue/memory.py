@@ -1,7 +1,8 @@
 """TD20x: memory and process-count limits: cgroup memory and pids, RLIMIT_AS/DATA/NPROC, overcommit.
 
 Facts read: ``memory`` (/proc/meminfo), ``cgroup`` (memory and pids controllers), ``limits``
-(rlimits and ``vm.overcommit_memory``), ``cpu.torch_threads_estimate`` and ``host.uid``.
+(rlimits and ``vm.overcommit_memory``), ``cpu.torch_threads_estimate`` and ``host.uid``; the
+training processes on this node come from :func:`._processes.local_processes`.
 """
 
 from __future__ import annotations
@@ -12,24 +13,15 @@ from ..facts import Facts
 from ..model import Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
+from ._processes import local_processes
 from ._util import ev, human_bytes
-
-
-def nproc(facts: Facts, opts: CheckOptions) -> int:
-    """Training processes on this machine: --nproc-per-node, else LOCAL_WORLD_SIZE, else 1."""
-    if opts.nproc_per_node:
-        return opts.nproc_per_node
-    try:
-        return max(1, int(facts.get("host.env.LOCAL_WORLD_SIZE", 1)))
-    except (TypeError, ValueError):
-        return 1
 
 
 def tasks_needed(facts: Facts, opts: CheckOptions) -> tuple[int, int, str]:
     """(processes, tasks, arithmetic) a run starts at least: each rank runs torch's intra-op pool
     plus a pin-memory thread; each DataLoader worker runs one thread (torch sets 1 in workers)."""
-    n, w = nproc(facts, opts), opts.num_workers
-    pool = facts.get("cpu.torch_threads_estimate") or 1
+    n, w = local_processes(facts, opts).count, opts.num_workers
+    pool = facts.cpu.torch_threads_estimate or 1
     processes = n * (1 + w)
     tasks = n * (pool + 1 + w)
     text = f"{n} process(es) × (1 + {w} workers) = {processes} processes; {n} × ({pool} torch threads + 1 pin-memory thread + {w} workers) = {tasks} tasks"
@@ -38,23 +30,25 @@ def tasks_needed(facts: Facts, opts: CheckOptions) -> tuple[int, int, str]:
 
 def _memory_budget(facts: Facts) -> tuple[int | None, str]:
     """Bytes a new run may still use: host MemAvailable, or the cgroup's headroom if smaller."""
-    avail = facts.get("memory.available_bytes")
+    avail = facts.memory.available_bytes
     budget, where = avail, "host MemAvailable"
-    if facts.get("cgroup.memory.limited") and facts.get("cgroup.memory.max_bytes") is not None:
-        used = facts.get("cgroup.memory.working_set_bytes") or facts.get("cgroup.memory.current_bytes") or 0
-        room = max(0, facts.get("cgroup.memory.max_bytes") - used)
+    cg = facts.cgroup.memory
+    if cg.limited and cg.max_bytes is not None:
+        used = cg.working_set_bytes or cg.current_bytes or 0
+        room = max(0, cg.max_bytes - used)
         if budget is None or room < budget:
             budget, where = room, "cgroup memory limit less its current use"
     return budget, where
 
 
 def _check_cgroup_limit(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    limit, total = facts.get("cgroup.memory.max_bytes"), facts.get("memory.total_bytes")
-    if not facts.get("cgroup.memory.limited") or limit is None or (total is not None and limit >= total):
+    cg = facts.cgroup.memory
+    limit, total = cg.max_bytes, facts.memory.total_bytes
+    if not cg.limited or limit is None or (total is not None and limit >= total):
         return
     yield Hit(
-        {"limit": human_bytes(limit), "total": human_bytes(total), "version": facts.get("cgroup.version")},
-        (ev("cgroup memory limit", human_bytes(limit), facts.get("cgroup.memory.max_source", "")),
+        {"limit": human_bytes(limit), "total": human_bytes(total), "version": facts.cgroup.version},
+        (ev("cgroup memory limit", human_bytes(limit), cg.max_source or ""),
          ev("host RAM (what free, psutil and /proc/meminfo show)", human_bytes(total), "/proc/meminfo MemTotal")),
     )
 
@@ -80,18 +74,19 @@ register(Code(
 
 
 def _check_near_limit(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    limit = facts.get("cgroup.memory.max_bytes")
-    used = facts.get("cgroup.memory.working_set_bytes")
-    if not facts.get("cgroup.memory.limited") or not limit or used is None:
+    cg = facts.cgroup.memory
+    limit = cg.max_bytes
+    used = cg.working_set_bytes
+    if not cg.limited or not limit or used is None:
         return
     share = used / limit
     if share < 0.8:
         return
     yield Hit(
         {"used": human_bytes(used), "limit": human_bytes(limit), "percent": f"{share:.0%}"},
-        (ev("cgroup memory in use (less reclaimable page cache)", human_bytes(used), facts.get("cgroup.memory.current_source", "")),
-         ev("inactive page cache", human_bytes(facts.get("cgroup.memory.inactive_file_bytes")), "memory.stat"),
-         ev("cgroup memory limit", human_bytes(limit), facts.get("cgroup.memory.max_source", ""))),
+        (ev("cgroup memory in use (less reclaimable page cache)", human_bytes(used), cg.current_source or ""),
+         ev("inactive page cache", human_bytes(cg.inactive_file_bytes), "memory.stat"),
+         ev("cgroup memory limit", human_bytes(limit), cg.max_source or "")),
         severity=Severity.ERROR if share >= 0.95 else None,
     )
 
@@ -116,13 +111,14 @@ register(Code(
 
 
 def _check_oom_kills(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    kills = facts.get("cgroup.memory.oom_kill_events")
+    cg = facts.cgroup.memory
+    kills = cg.oom_kill_events
     if not kills:
         return
     yield Hit(
-        {"kills": kills, "source": facts.get("cgroup.memory.events_source", "memory.events")},
-        (ev("oom_kill", kills, facts.get("cgroup.memory.events_source", "")),
-         ev("cgroup memory limit", human_bytes(facts.get("cgroup.memory.max_bytes")), facts.get("cgroup.memory.max_source", ""))),
+        {"kills": kills, "source": cg.events_source or "memory.events"},
+        (ev("oom_kill", kills, cg.events_source or ""),
+         ev("cgroup memory limit", human_bytes(cg.max_bytes), cg.max_source or "")),
     )
 
 
@@ -148,7 +144,8 @@ register(Code(
 
 def _check_budget(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     budget, where = _memory_budget(facts)
-    n = nproc(facts, opts)
+    procs = local_processes(facts, opts)
+    n = procs.count
     need = opts.shm_need_bytes() * n
     if budget is None or need == 0 or need <= budget:
         return
@@ -157,8 +154,9 @@ def _check_budget(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     yield Hit(
         {"budget": human_bytes(budget), "where": where, "arithmetic": arithmetic},
         (ev("memory left", human_bytes(budget), where),
-         ev("host MemAvailable", human_bytes(facts.get("memory.available_bytes")), "/proc/meminfo"),
-         ev("in-flight batches", arithmetic, "--num-workers, --prefetch-factor, --batch-bytes")),
+         ev("host MemAvailable", human_bytes(facts.memory.available_bytes), "/proc/meminfo"),
+         ev("in-flight batches", arithmetic, "--num-workers, --prefetch-factor, --batch-bytes"),
+         ev("training processes on this node", n, procs.source)),
     )
 
 
@@ -183,19 +181,19 @@ register(Code(
 
 
 def _check_rlimit_as(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    total = facts.get("memory.total_bytes")
-    cg = facts.get("cgroup.memory.max_bytes") if facts.get("cgroup.memory.limited") else None
+    total = facts.memory.total_bytes
+    cg = facts.cgroup.memory.max_bytes if facts.cgroup.memory.limited else None
     usable = min(v for v in (total, cg) if v is not None) if (total or cg) else None
-    source = facts.get("limits.rlimits_source", "getrlimit")
-    for key, const in (("as", "RLIMIT_AS"), ("data", "RLIMIT_DATA")):
-        soft = facts.get(f"limits.rlimits.{key}.soft")
+    source = facts.limits.rlimits_source or "getrlimit"
+    rlimits = facts.limits.rlimits
+    for lim, const, flag in ((rlimits.as_, "RLIMIT_AS", "-v"), (rlimits.data, "RLIMIT_DATA", "-d")):
+        soft = lim.soft
         if soft is None:
             continue
-        flag = "-v" if key == "as" else "-d"
         yield Hit(
             {"const": const, "soft": human_bytes(soft), "usable": human_bytes(usable), "flag": flag},
             (ev(f"{const} soft limit", soft, source),
-             ev(f"{const} hard limit", facts.get(f"limits.rlimits.{key}.hard") or "unlimited", source),
+             ev(f"{const} hard limit", lim.hard or "unlimited", source),
              ev("memory the machine would otherwise give", human_bytes(usable), "/proc/meminfo, cgroup")),
             severity=Severity.ERROR if usable is None or soft < usable else None,
         )
@@ -224,18 +222,19 @@ register(Code(
 
 
 def _check_pids(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    limit = facts.get("cgroup.pids.max")
-    if not facts.get("cgroup.pids.limited") or limit is None:
+    pids = facts.cgroup.pids
+    limit = pids.max
+    if not pids.limited or limit is None:
         return
-    current = facts.get("cgroup.pids.current") or 0
+    current = pids.current or 0
     room = limit - current
     processes, tasks, arithmetic = tasks_needed(facts, opts)
     if room >= tasks:
         return
     yield Hit(
         {"limit": limit, "current": current, "room": room, "arithmetic": arithmetic, "suggest": max(tasks * 4, 1024)},
-        (ev("pids.max", limit, facts.get("cgroup.pids.max_source", "")),
-         ev("pids.current", current, facts.get("cgroup.pids.current_source", "")),
+        (ev("pids.max", limit, pids.max_source or ""),
+         ev("pids.current", current, pids.current_source or ""),
          ev("needed at least", arithmetic, "--nproc-per-node, --num-workers, cpu.torch_threads_estimate")),
         severity=Severity.ERROR if room < processes else None,
     )
@@ -264,13 +263,14 @@ register(Code(
 
 
 def _check_pids_hit(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    refused = facts.get("cgroup.pids.max_events")
+    pids = facts.cgroup.pids
+    refused = pids.max_events
     if not refused:
         return
     yield Hit(
-        {"refused": refused, "limit": facts.get("cgroup.pids.max", "?")},
-        (ev("pids.events max", refused, facts.get("cgroup.pids.events_source", "")),
-         ev("pids.max", facts.get("cgroup.pids.max"), facts.get("cgroup.pids.max_source", ""))),
+        {"refused": refused, "limit": pids.max if pids.max is not None else "?"},
+        (ev("pids.events max", refused, pids.events_source or ""),
+         ev("pids.max", pids.max, pids.max_source or "")),
     )
 
 
@@ -294,11 +294,11 @@ register(Code(
 
 
 def _check_overcommit(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    if facts.get("limits.sysctl.vm.overcommit_memory") != 2:
+    if facts.limits.sysctl.vm.overcommit_memory != 2:
         return
-    limit, committed = facts.get("memory.commit_limit_bytes"), facts.get("memory.committed_bytes")
+    limit, committed = facts.memory.commit_limit_bytes, facts.memory.committed_bytes
     room = limit - committed if limit is not None and committed is not None else None
-    need = opts.shm_need_bytes() * nproc(facts, opts)
+    need = opts.shm_need_bytes() * local_processes(facts, opts).count
     yield Hit(
         {"limit": human_bytes(limit), "committed": human_bytes(committed), "room": human_bytes(room)},
         (ev("vm.overcommit_memory", 2, "/proc/sys/vm/overcommit_memory"),
@@ -328,15 +328,15 @@ register(Code(
 
 
 def _check_nproc_rlimit(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    soft = facts.get("limits.rlimits.nproc.soft")
-    if soft is None or facts.get("host.uid") == 0 or facts.get("limits.process.cap_sys_resource"):
+    soft = facts.limits.rlimits.nproc.soft
+    if soft is None or facts.host.uid == 0 or facts.limits.process.cap_sys_resource:
         return
     processes, tasks, arithmetic = tasks_needed(facts, opts)
     if soft >= tasks:
         return
     yield Hit(
         {"soft": soft, "arithmetic": arithmetic, "suggest": max(tasks * 4, 4096)},
-        (ev("RLIMIT_NPROC soft limit", soft, facts.get("limits.rlimits_source", "getrlimit")),
+        (ev("RLIMIT_NPROC soft limit", soft, facts.limits.rlimits_source or "getrlimit"),
          ev("needed at least", arithmetic, "--nproc-per-node, --num-workers, cpu.torch_threads_estimate")),
         severity=Severity.ERROR,
     )

@@ -8,30 +8,20 @@ from ..facts import Facts
 from ..model import Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
+from ._processes import local_processes
 from ._util import ev, human_bytes
 
 CONTAINER_DEFAULT = 64 * 1024 * 1024
 
 
-def _nproc(facts: Facts, opts: CheckOptions) -> int:
-    if opts.nproc_per_node:
-        return opts.nproc_per_node
-    try:
-        return max(1, int(facts.get("host.env.LOCAL_WORLD_SIZE", 1)))
-    except (TypeError, ValueError):
-        return 1
-
-
 def _check_not_mounted(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    shm = facts.section("shm")
-    if not shm:
-        return
-    if not shm.get("exists"):
+    shm = facts.shm
+    if shm.exists is False:
         yield Hit({"state": "does not exist"}, (ev("/dev/shm", "missing", "/dev/shm"),))
-    elif shm.get("fstype") not in (None, "tmpfs"):
+    elif shm.exists and shm.fstype not in (None, "tmpfs"):
         yield Hit(
-            {"state": f"is on {shm['fstype']}, not tmpfs"},
-            (ev("file system", shm["fstype"], "/proc/self/mountinfo"),),
+            {"state": f"is on {shm.fstype}, not tmpfs"},
+            (ev("file system", shm.fstype, "/proc/self/mountinfo"),),
             severity=Severity.WARNING,
         )
 
@@ -57,15 +47,15 @@ TD101 = register(Code(
 
 
 def _check_too_small(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    size, free = facts.get("shm.size_bytes"), facts.get("shm.free_bytes")
+    size, free = facts.shm.size_bytes, facts.shm.free_bytes
     if size is None or free is None or opts.num_workers == 0:
         return
-    nproc = _nproc(facts, opts)
-    need = opts.shm_need_bytes() * nproc
+    procs = local_processes(facts, opts)
+    need = opts.shm_need_bytes() * procs.count
     if need <= free:
         return
     arithmetic = (
-        f"{nproc} process(es) × {opts.num_workers} workers × prefetch {opts.prefetch_factor} × "
+        f"{procs.count} process(es) × {opts.num_workers} workers × prefetch {opts.prefetch_factor} × "
         f"{human_bytes(opts.batch_bytes)} batches = {human_bytes(need)}"
     )
     yield Hit(
@@ -75,6 +65,7 @@ def _check_too_small(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
             ev("/dev/shm size", human_bytes(size), "statvfs(/dev/shm)"),
             ev("/dev/shm free", human_bytes(free), "statvfs(/dev/shm)"),
             ev("in-flight batches", arithmetic, "--num-workers, --prefetch-factor, --batch-bytes"),
+            ev("training processes on this node", procs.count, procs.source),
         ),
     )
 
@@ -102,16 +93,17 @@ TD102 = register(Code(
 
 
 def _check_container_default(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    size = facts.get("shm.size_bytes")
+    size = facts.shm.size_bytes
     if size is None or size > CONTAINER_DEFAULT:
         return
-    in_container = facts.get("host.container.in_container")
+    container = facts.host.container
+    in_container = container.in_container
     yield Hit(
         {"size": human_bytes(size), "where": "this container" if in_container else "this machine"},
         (
             ev("/dev/shm size", human_bytes(size), "statvfs(/dev/shm)"),
-            ev("mount size option", facts.get("shm.mount_size_option") or "none", "/proc/self/mountinfo"),
-            ev("container", facts.get("host.container.kind") or ("yes" if in_container else "not detected"), "host.container"),
+            ev("mount size option", facts.shm.mount_size_option or "none", "/proc/self/mountinfo"),
+            ev("container", container.kind or ("yes" if in_container else "not detected"), "host.container"),
         ),
     )
 
@@ -135,16 +127,16 @@ TD103 = register(Code(
 
 
 def _check_leaked_segments(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    seg = facts.get("shm.torch_segments")
-    if not seg or not seg.get("count"):
+    seg = facts.shm.torch_segments
+    if not seg or not seg.count:
         return
-    dead = sorted(set(seg.get("owner_pids", [])) - set(seg.get("owners_alive", [])))
+    dead = sorted(set(seg.owner_pids) - set(seg.owners_alive))
     if not dead:
         return
     yield Hit(
-        {"count": seg["count"], "bytes": human_bytes(seg["bytes"]), "dead": ", ".join(map(str, dead[:8])),
+        {"count": seg.count, "bytes": human_bytes(seg.bytes), "dead": ", ".join(map(str, dead[:8])),
          "listing": " ".join(f"/dev/shm/torch_{pid}_*" for pid in dead[:8])},
-        (ev("torch_* segments", seg["count"], "/dev/shm"), ev("their size", human_bytes(seg["bytes"]), "/dev/shm"),
+        (ev("torch_* segments", seg.count, "/dev/shm"), ev("their size", human_bytes(seg.bytes), "/dev/shm"),
          ev("creator pids no longer running", ", ".join(map(str, dead[:8])), "/proc")),
     )
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..facts import Facts
+from ..facts.schema import FsInfo, Mount, PathEntry, WriteTest
 from ..model import Evidence, Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
@@ -21,89 +22,85 @@ _SPACE_ERRNOS = ("ENOSPC", "EDQUOT")
 
 
 # -- reading the facts --------------------------------------------------------------------------
-def _entries(facts: Facts) -> list[dict[str, Any]]:
-    entries = facts.get("paths.entries")
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+def _entries(facts: Facts) -> list[PathEntry]:
+    return list(facts.paths.entries)
 
 
-def _name(e: dict[str, Any]) -> str:
-    return str(e.get("abspath") or e.get("path"))
+def _name(e: PathEntry) -> str:
+    return str(e.abspath or e.path)
 
 
-def _failed(e: dict[str, Any]) -> dict[str, Any] | None:
+def _failed(e: PathEntry) -> WriteTest | None:
     """The failed write test (in the directory, or in its nearest ancestor when missing), if any."""
-    wt = e.get("write_test")
-    return wt if isinstance(wt, dict) and wt.get("ok") is False else None
+    return e.write_test if e.write_test.ok is False else None
 
 
-def _errno(e: dict[str, Any]) -> str | None:
-    return (_failed(e) or {}).get("errno")
+def _errno(e: PathEntry) -> str | None:
+    wt = _failed(e)
+    return wt.errno if wt else None
 
 
-def _sub(e: dict[str, Any], key: str) -> dict[str, Any]:
-    value = e.get(key)
-    return value if isinstance(value, dict) else {}
+def _mount(e: PathEntry) -> Mount:
+    return e.mount
 
 
-def _mount(e: dict[str, Any]) -> dict[str, Any]:
-    return _sub(e, "mount")
+def _fs(e: PathEntry) -> FsInfo:
+    return e.fs
 
 
-def _fs(e: dict[str, Any]) -> dict[str, Any]:
-    return _sub(e, "fs")
-
-
-def _ev_write(e: dict[str, Any]) -> Evidence:
-    wt = e.get("write_test") or {}
-    where = wt.get("where", _name(e))
-    if wt.get("ok"):
+def _ev_write(e: PathEntry) -> Evidence:
+    wt = e.write_test
+    where = wt.where or _name(e)
+    if wt.ok:
         return ev("write test", f"created and removed a file in {where}", "open(O_CREAT|O_EXCL), write, fsync, unlink")
-    return ev("write test", f"{wt.get('errno')} at {wt.get('step')}(): {wt.get('message')}", f"probe file in {where}")
+    return ev("write test", f"{wt.errno} at {wt.step}(): {wt.message}", f"probe file in {where}")
 
 
-def _ev_mount(e: dict[str, Any]) -> Evidence:
-    m = _mount(e)
-    value = f"{m.get('mount_point')} ({m.get('fstype')} from {m.get('source')}; {','.join(map(str, (m.get('options') or [])[:8]))})"
+def _ev_mount(e: PathEntry) -> Evidence:
+    m = e.mount
+    value = f"{m.mount_point} ({m.fstype} from {m.source}; {','.join(m.options[:8])})"
     return ev("mount", value, "/proc/self/mountinfo")
 
 
-def _ev_space(e: dict[str, Any]) -> Evidence:
-    fs = _fs(e)
-    return ev("free space", f"{human_bytes(fs.get('free_bytes'))} of {human_bytes(fs.get('total_bytes'))}",
-              f"statvfs({fs.get('checked_at')})")
+def _ev_space(e: PathEntry) -> Evidence:
+    fs = e.fs
+    return ev("free space", f"{human_bytes(fs.free_bytes)} of {human_bytes(fs.total_bytes)}",
+              f"statvfs({fs.checked_at})")
 
 
-def _groups(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _groups(entries: list[PathEntry]) -> list[list[PathEntry]]:
     """Entries grouped by the file system they live on (they share its free space)."""
-    groups: dict[Any, list[dict[str, Any]]] = {}
+    groups: dict[Any, list[PathEntry]] = {}
     for e in entries:
-        fs = _fs(e)
-        key = ("fsid", fs["fsid"], fs.get("total_bytes")) if fs.get("fsid") else \
-            ("mount", _mount(e).get("mount_point") or fs.get("checked_at") or _name(e))
+        fs = e.fs
+        key = ("fsid", fs.fsid, fs.total_bytes) if fs.fsid else \
+            ("mount", e.mount.mount_point or fs.checked_at or _name(e))
         groups.setdefault(key, []).append(e)
     return list(groups.values())
 
 
-def _untouchable(e: dict[str, Any], where: str) -> str | None:
+def _untouchable(e: PathEntry, where: str) -> str | None:
     """Why a fix must not change ``where`` (owner, mode, attributes), or None when it may.
 
     System paths are never changed, and neither is a symbolic link: chown and chattr act on its target.
     """
     if is_system_path(where):
         return f"{where} belongs to the system"
-    if e.get("is_symlink") and where == _name(e):
+    if e.is_symlink and where == _name(e):
         return f"{where} is a symbolic link (a change would apply to whatever it points to)"
     return None
 
 
-def _remedy(code: str | None, e: dict[str, Any], where: str) -> str:
+def _remedy(code: str | None, e: PathEntry, where: str) -> str:
     """The errno-specific part of a fix. Never destructive: nothing is moved, deleted or changed recursively,
     and a system path or a symbolic link is never changed at all (see :func:`_untouchable`)."""
-    owner = _sub(e, "owner")
-    mp = _mount(e).get("mount_point", "the mount")
+    owner = e.owner
+    mp = e.mount.mount_point or "the mount"
     hands_off = _untouchable(e, where)
-    container = (f"in a container run as the volume's owner (`docker run --user {owner.get('uid', 'UID')}:"
-                 f"{owner.get('gid', 'GID')}`, Kubernetes `securityContext.fsGroup`)")
+    uid = owner.uid if owner.uid is not None else "UID"
+    gid = owner.gid if owner.gid is not None else "GID"
+    container = (f"in a container run as the volume's owner (`docker run --user {uid}:{gid}`, Kubernetes "
+                 "`securityContext.fsGroup`)")
     if hands_off:
         eacces = f"{hands_off}: leave its owner and mode as they are and write under {OWN_DIRECTORY}, or {container}"
         eperm = (f"`lsattr -d {where}` shows an immutable (`i`) or append-only (`a`) attribute, `ls -Zd {where}` and "
@@ -130,18 +127,18 @@ def _remedy(code: str | None, e: dict[str, Any], where: str) -> str:
 # -- TD601-TD603: existence ---------------------------------------------------------------------
 def _check_not_creatable(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for e in _entries(facts):
-        if e.get("exists") is not False or e.get("creatable") is not False:
+        if e.exists is not False or e.creatable is not False:
             continue
-        wt = _failed(e) or {}
-        where = str(e.get("nearest_existing") or wt.get("where"))
+        wt = _failed(e) or WriteTest()
+        where = str(e.nearest_existing or wt.where)
         yield Hit(
-            {"path": _name(e), "ancestor": where, "errno": wt.get("errno"), "strerror": wt.get("message"),
-             "remedy": _remedy(wt.get("errno"), e, where), "handover": _handover(e, wt.get("errno"))},
+            {"path": _name(e), "ancestor": where, "errno": wt.errno, "strerror": wt.message,
+             "remedy": _remedy(wt.errno, e, where), "handover": _handover(e, wt.errno)},
             (ev("path", "does not exist", _name(e)), ev("nearest existing ancestor", where, "lstat"), _ev_write(e)),
         )
 
 
-def _handover(e: dict[str, Any], errno_name: str | None) -> str:
+def _handover(e: PathEntry, errno_name: str | None) -> str:
     """TD601: how to create the directory for the training user, unless it would be under a system tree."""
     path = _name(e)
     root = system_root(path)
@@ -172,10 +169,10 @@ TD601 = register(Code(
 
 def _check_missing(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for e in _entries(facts):
-        if e.get("exists") is False and e.get("creatable") is True:
+        if e.exists is False and e.creatable is True:
             yield Hit(
-                {"path": _name(e), "ancestor": e.get("nearest_existing"), "levels": e.get("missing_levels")},
-                (ev("path", "does not exist", _name(e)), ev("nearest existing ancestor", e.get("nearest_existing"), "lstat"),
+                {"path": _name(e), "ancestor": e.nearest_existing, "levels": e.missing_levels},
+                (ev("path", "does not exist", _name(e)), ev("nearest existing ancestor", e.nearest_existing, "lstat"),
                  _ev_write(e)),
             )
 
@@ -198,7 +195,7 @@ TD602 = register(Code(
 
 def _check_not_a_directory(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for e in _entries(facts):
-        if e.get("exists") is True and e.get("is_dir") is False:
+        if e.exists is True and e.is_dir is False:
             yield Hit({"path": _name(e), "choice": _another_path(_name(e))},
                       (ev("path", "exists, not a directory", f"stat({_name(e)})"),))
 
@@ -227,22 +224,21 @@ TD603 = register(Code(
 
 # -- TD604-TD605: writability -------------------------------------------------------------------
 def _check_not_writable(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    euid = facts.get("paths.euid", "?")
+    euid = facts.paths.euid if facts.paths.euid is not None else "?"
     for e in _entries(facts):
-        exists_dir = e.get("exists") is True and e.get("is_dir") is True
-        if not (exists_dir or e.get("stat_error")):
+        exists_dir = e.exists is True and e.is_dir is True
+        if not (exists_dir or e.stat_error):
             continue
         wt = _failed(e)
-        if not wt or wt.get("errno") in ("EROFS", *_SPACE_ERRNOS):
+        if not wt or wt.errno in ("EROFS", *_SPACE_ERRNOS):
             continue
-        owner = _sub(e, "owner")
+        owner = e.owner
         evidence = [_ev_write(e), ev("process uid", euid, "geteuid()")]
         if owner:
-            evidence.append(ev("owner and mode", f"{owner.get('uid')}:{owner.get('gid')} {owner.get('mode')}",
-                               f"stat({_name(e)})"))
+            evidence.append(ev("owner and mode", f"{owner.uid}:{owner.gid} {owner.mode}", f"stat({_name(e)})"))
         yield Hit(
-            {"path": _name(e), "euid": euid, "step": wt.get("step"), "errno": wt.get("errno"),
-             "strerror": wt.get("message"), "remedy": _remedy(wt.get("errno"), e, _name(e))},
+            {"path": _name(e), "euid": euid, "step": wt.step, "errno": wt.errno,
+             "strerror": wt.message, "remedy": _remedy(wt.errno, e, _name(e))},
             tuple(evidence),
         )
 
@@ -263,10 +259,10 @@ TD604 = register(Code(
 ))
 
 
-def _read_only_how(e: dict[str, Any]) -> str | None:
-    if _mount(e) and e.get("mount_read_only"):
+def _read_only_how(e: PathEntry) -> str | None:
+    if e.mount and e.mount_read_only:
         return "its mount options include ro"
-    if _fs(e).get("read_only"):
+    if e.fs.read_only:
         return "statvfs() reports ST_RDONLY"
     if _errno(e) == "EROFS":
         return "a write failed with EROFS (Read-only file system)"
@@ -278,8 +274,8 @@ def _check_read_only(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
         how = _read_only_how(e)
         if how is None:
             continue
-        m = _mount(e)
-        mp = m.get("mount_point")
+        m = e.mount
+        mp = m.mount_point
         if not mp:
             volume, remount = "DIR", ""
         elif is_system_path(mp):
@@ -290,7 +286,7 @@ def _check_read_only(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
             volume, remount = mp, (f"; on a host `sudo mount -o remount,rw {mp}` (after `dmesg` and fsck if the "
                                    "kernel remounted it read-only because of I/O errors)")
         yield Hit(
-            {"path": _name(e), "how": how, "mount_point": mp or "its mount", "fstype": m.get("fstype", "unknown type"),
+            {"path": _name(e), "how": how, "mount_point": mp or "its mount", "fstype": m.fstype or "unknown type",
              "volume": volume, "remount": remount},
             (_ev_mount(e), _ev_write(e)) if m else (_ev_write(e),),
         )
@@ -316,19 +312,19 @@ TD605 = register(Code(
 def _check_disk_full(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for e in _entries(facts):
         wt = _failed(e)
-        if not wt or wt.get("errno") not in _SPACE_ERRNOS:
+        if not wt or wt.errno not in _SPACE_ERRNOS:
             continue
-        fs = _fs(e)
-        if wt["errno"] == "EDQUOT":
+        fs = e.fs
+        if wt.errno == "EDQUOT":
             detail = "the disk quota of this user, group or project on this file system is used up"
-        elif fs.get("inodes_free") == 0:
-            detail = f"no inodes are left (0 of {fs.get('inodes_total')}) although {human_bytes(fs.get('free_bytes'))} is free"
+        elif fs.inodes_free == 0:
+            detail = f"no inodes are left (0 of {fs.inodes_total}) although {human_bytes(fs.free_bytes)} is free"
         else:
-            detail = f"{human_bytes(fs.get('free_bytes'))} of {human_bytes(fs.get('total_bytes'))} is free"
+            detail = f"{human_bytes(fs.free_bytes)} of {human_bytes(fs.total_bytes)} is free"
         yield Hit(
-            {"path": _name(e), "where": wt.get("where"), "errno": wt["errno"], "strerror": wt.get("message"),
+            {"path": _name(e), "where": wt.where, "errno": wt.errno, "strerror": wt.message,
              "detail": detail, **{k: v for k, v in _group_values([e]).items() if k in ("mount_point", "top")}},
-            (_ev_write(e), _ev_space(e), ev("inodes free", fs.get("inodes_free"), f"statvfs({fs.get('checked_at')})")),
+            (_ev_write(e), _ev_space(e), ev("inodes free", fs.inodes_free, f"statvfs({fs.checked_at})")),
         )
 
 
@@ -349,26 +345,28 @@ TD606 = register(Code(
 ))
 
 
-def _group_values(group: list[dict[str, Any]]) -> dict[str, Any]:
-    fs = _fs(group[0])
-    mp = _mount(group[0]).get("mount_point") or fs.get("checked_at") or "/"
-    return {"paths": ", ".join(_name(e) for e in group), "free": human_bytes(fs.get("free_bytes")),
-            "total": human_bytes(fs.get("total_bytes")), "mount_point": mp, "top": mp.rstrip("/") + "/*"}
+def _group_values(group: list[PathEntry]) -> dict[str, Any]:
+    fs = group[0].fs
+    mp = group[0].mount.mount_point or fs.checked_at or "/"
+    return {"paths": ", ".join(_name(e) for e in group), "free": human_bytes(fs.free_bytes),
+            "total": human_bytes(fs.total_bytes), "mount_point": mp, "top": mp.rstrip("/") + "/*"}
 
 
-def _space_groups(facts: Facts) -> Iterator[list[dict[str, Any]]]:
-    """Directories (existing or to be created) grouped by file system, skipping those TD606 reports as full."""
-    for group in _groups([e for e in _entries(facts) if e.get("is_dir") is not False]):
-        if _fs(group[0]).get("free_bytes") is None or any(_errno(e) in _SPACE_ERRNOS for e in group):
+def _space_groups(facts: Facts) -> Iterator[tuple[int, list[PathEntry]]]:
+    """(free bytes, directories) per file system the directories (existing or to be created) are on,
+    skipping those TD606 reports as full."""
+    for group in _groups([e for e in _entries(facts) if e.is_dir is not False]):
+        free = group[0].fs.free_bytes
+        if free is None or any(_errno(e) in _SPACE_ERRNOS for e in group):
             continue
-        yield group
+        yield free, group
 
 
 def _check_below_expected(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     if not opts.expect_bytes:
         return
-    for group in _space_groups(facts):
-        free, need = _fs(group[0])["free_bytes"], opts.expect_bytes * len(group)
+    for free, group in _space_groups(facts):
+        need = opts.expect_bytes * len(group)
         if free >= need:
             continue
         arithmetic = f"--expect-bytes {human_bytes(opts.expect_bytes)}" + (
@@ -399,8 +397,8 @@ TD607 = register(Code(
 def _check_space_low(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     if opts.expect_bytes:
         return
-    for group in _space_groups(facts):
-        if _fs(group[0])["free_bytes"] < LOW_SPACE_FLOOR:
+    for free, group in _space_groups(facts):
+        if free < LOW_SPACE_FLOOR:
             yield Hit({**_group_values(group), "floor": human_bytes(LOW_SPACE_FLOOR)}, (_ev_space(group[0]),))
 
 
@@ -419,16 +417,16 @@ TD608 = register(Code(
 
 
 def _check_inodes(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    for group in _groups([e for e in _entries(facts) if e.get("is_dir") is not False]):
-        fs = _fs(group[0])
-        free, total = fs.get("inodes_free"), fs.get("inodes_total")
+    for group in _groups([e for e in _entries(facts) if e.is_dir is not False]):
+        fs = group[0].fs
+        free, total = fs.inodes_free, fs.inodes_total
         if free is None or not total or any(_errno(e) in _SPACE_ERRNOS for e in group):
             continue
         if free > 0 and (free >= INODES_LOW_ABS or free >= total * INODES_LOW_FRACTION):
             continue
         yield Hit(
             {**_group_values(group), "inodes_free": free, "inodes_total": total, "pct": f"{100 * free / total:.1f}%"},
-            (ev("inodes free", f"{free} of {total}", f"statvfs({fs.get('checked_at')})"),),
+            (ev("inodes free", f"{free} of {total}", f"statvfs({fs.checked_at})"),),
             severity=Severity.ERROR if free == 0 else None,
         )
 

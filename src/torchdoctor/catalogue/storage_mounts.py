@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from ..facts import Facts
+from ..facts.schema import Mount, PathEntry
 from ..model import Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
 from ._util import ev, human_bytes
-from .storage import _entries, _ev_mount, _ev_space, _fs, _mount, _name
+from .storage import _entries, _ev_mount, _ev_space, _name
 
 
 # -- TD610-TD612: what kind of file system ------------------------------------------------------
@@ -39,22 +39,22 @@ def lock_note(fstype: str, options: list[str]) -> str:
     return "whether locks and renames are coherent across nodes depends on this file system's client"
 
 
-def _by_mount(facts: Facts, kinds: tuple[str, ...]) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _by_mount(facts: Facts, kinds: tuple[str, ...]) -> Iterator[tuple[Mount, list[PathEntry]]]:
+    groups: dict[str, list[PathEntry]] = {}
     for e in _entries(facts):
-        if e.get("fs_kind") in kinds and _mount(e).get("mount_point"):
-            groups.setdefault(_mount(e)["mount_point"], []).append(e)
+        if e.fs_kind in kinds and e.mount.mount_point:
+            groups.setdefault(e.mount.mount_point, []).append(e)
     for entries in groups.values():
-        yield _mount(entries[0]), entries
+        yield entries[0].mount, entries
 
 
 def _check_network(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for m, entries in _by_mount(facts, ("network", "fuse")):
-        note = lock_note(str(m.get("fstype") or ""), [str(o) for o in m.get("options") or []])
-        kind = "FUSE" if entries[0].get("fs_kind") == "fuse" else "network"
+        note = lock_note(m.fstype or "", list(m.options))
+        kind = "FUSE" if entries[0].fs_kind == "fuse" else "network"
         yield Hit(
-            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.get("fstype"), "kind": kind,
-             "source": m.get("source"), "mount_point": m.get("mount_point"), "lock_note": note},
+            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.fstype, "kind": kind,
+             "source": m.source, "mount_point": m.mount_point, "lock_note": note},
             (_ev_mount(entries[0]), ev("locks", note, "mount type and options")),
         )
 
@@ -78,12 +78,13 @@ TD610 = register(Code(
 
 
 def _check_overlay(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
-    in_container = facts.get("host.container.in_container")
+    container = facts.host.container
+    in_container = container.in_container
     for m, entries in _by_mount(facts, ("overlay",)):
         yield Hit(
-            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.get("fstype"), "mount_point": m.get("mount_point"),
+            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.fstype, "mount_point": m.mount_point,
              "where": "this container's writable layer" if in_container else "an overlay (union) file system"},
-            (_ev_mount(entries[0]), ev("container", facts.get("host.container.kind") or bool(in_container), "host.container")),
+            (_ev_mount(entries[0]), ev("container", container.kind or bool(in_container), "host.container")),
         )
 
 
@@ -105,8 +106,8 @@ TD611 = register(Code(
 def _check_memory(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for m, entries in _by_mount(facts, ("memory",)):
         yield Hit(
-            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.get("fstype"), "mount_point": m.get("mount_point"),
-             "total": human_bytes(_fs(entries[0]).get("total_bytes"))},
+            {"paths": ", ".join(_name(e) for e in entries), "fstype": m.fstype, "mount_point": m.mount_point,
+             "total": human_bytes(entries[0].fs.total_bytes)},
             (_ev_mount(entries[0]), _ev_space(entries[0])),
         )
 
@@ -127,9 +128,9 @@ TD612 = register(Code(
 
 def _check_unresponsive(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     for e in _entries(facts):
-        if e.get("timed_out"):
-            yield Hit({"path": _name(e), "seconds": e.get("timeout_seconds")},
-                      (ev("examining the path", f"no answer within {e.get('timeout_seconds')} s", "stat, statvfs, write test"),))
+        if e.timed_out:
+            yield Hit({"path": _name(e), "seconds": e.timeout_seconds},
+                      (ev("examining the path", f"no answer within {e.timeout_seconds} s", "stat, statvfs, write test"),))
 
 
 TD613 = register(Code(

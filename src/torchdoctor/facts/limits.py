@@ -1,14 +1,14 @@
 """Process limits: rlimits, the kernel limits behind them, and what this process already uses.
 
-Section ``limits`` (schema)::
+Section ``limits`` (typed in :mod:`.schema` as ``LimitsFacts``; summary)::
 
     rlimits:          {nofile|as|data|memlock|nproc|stack: RLimit | None}
         RLimit = {"soft": int | None, "hard": int | None,
                   "soft_unlimited": bool, "hard_unlimited": bool}
         An unlimited value (RLIM_INFINITY) is ``null`` with its ``*_unlimited`` flag true; a limit
         that could not be read is ``null`` as a whole, with the reason under ``unknown``. So
-        ``facts.get("limits.rlimits.nofile.soft") is None`` means "no number to compare with"
-        either way; look at the flag to tell unlimited from unknown.
+        ``facts.limits.rlimits.nofile.soft is None`` means "no number to compare with" either
+        way; look at the flag to tell unlimited from unknown (``as`` is ``rlimits.as_``).
     rlimits_source:   "resource.getrlimit" (live) or "/proc/self/limits" (a replayed root)
     sysctl:           {"vm": {"max_map_count", "overcommit_memory", "overcommit_ratio"},
                        "fs": {"file-max", "nr_open"}, "kernel": {"shmmax", "shmall"}}

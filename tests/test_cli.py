@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import subprocess
+import sys
 
 import psutil
 import pytest
 
-from .conftest import FIXTURES, REPO, run_cli, run_json
+from .conftest import run_cli, run_json
 
 FINDING_KEYS = {"code", "name", "family", "severity", "area", "title", "message", "evidence", "fix", "related"}
 

@@ -17,8 +17,7 @@ import psutil
 import pytest
 
 from torchdoctor.checks import run_checks
-from torchdoctor.facts import Facts, GatherContext
-from torchdoctor.facts import cpu
+from torchdoctor.facts import Facts, GatherContext, cpu
 from torchdoctor.options import CheckOptions
 
 from .conftest import FIXTURES, REPO

@@ -22,8 +22,7 @@ import pytest
 
 from torchdoctor.catalogue.distributed_net import ifname_unmatched
 from torchdoctor.checks import run_checks
-from torchdoctor.facts import Facts, GatherContext
-from torchdoctor.facts import dist_env
+from torchdoctor.facts import Facts, GatherContext, dist_env
 from torchdoctor.model import Finding, Severity
 from torchdoctor.options import CheckOptions
 from torchdoctor.registry import all_codes, lookup

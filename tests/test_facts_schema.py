@@ -24,10 +24,8 @@ import pytest
 from torchdoctor.catalogue._processes import LocalProcesses, local_processes, per_node
 from torchdoctor.checks import SUBJECTS, audit, machine, preflight_codes, run_checks
 from torchdoctor.errors import FactsFileError, UnknownFactError
-from torchdoctor.facts import MAX_FACTS_BYTES, SCHEMA_VERSION, Facts, GatherContext, gather, schema
-from torchdoctor.facts import _conform
+from torchdoctor.facts import MAX_FACTS_BYTES, SCHEMA_VERSION, Facts, GatherContext, _conform, dist_env, gather, schema
 from torchdoctor.facts import cpu as cpu_facts
-from torchdoctor.facts import dist_env
 from torchdoctor.facts import paths as paths_facts
 from torchdoctor.facts.context import RunResult
 from torchdoctor.facts.gpu import build_section

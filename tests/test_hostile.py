@@ -44,7 +44,7 @@ def test_output_degrades_to_what_the_terminal_can_show(args: list[str], enc: dic
 def _exit_through_closed_pipe(args: list[str], tmp_path: Path) -> tuple[int, int, bytes]:
     """Exit status without and with ``| head -c1`` (the reader goes away after one byte)."""
     alone = subprocess.run([PY, "-m", "torchdoctor", *args], capture_output=True, env=_env(), check=False)
-    script = f'"$@" | head -c1 > /dev/null; echo "${{PIPESTATUS[0]}}"'
+    script = '"$@" | head -c1 > /dev/null; echo "${PIPESTATUS[0]}"'
     piped = subprocess.run(["bash", "-c", script, "sh", PY, "-m", "torchdoctor", *args],
                            capture_output=True, env=_env(), check=False)
     return alone.returncode, int(piped.stdout.decode().strip()), piped.stderr

@@ -18,14 +18,22 @@ import sys
 import pytest
 
 from torchdoctor.explain import explain
-from torchdoctor.lab.runner import run
 from torchdoctor.lab import get
+from torchdoctor.lab.runner import run
 from torchdoctor.lab.scenarios import fds, ipc
 
 from .support.lab import (
+    LabRuns,
+    assert_explained,
+    assert_failure,
+    assert_fixed,
+    check_json,
     closed_loop,
-    LabRuns, assert_explained, assert_failure, assert_fixed, check_json, evidence_budget, fixture_text, scenario_names,
-    signature_values, slow_requested,
+    evidence_budget,
+    fixture_text,
+    scenario_names,
+    signature_values,
+    slow_requested,
 )
 
 NAMES = scenario_names("ipc", "fds")

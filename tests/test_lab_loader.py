@@ -8,14 +8,13 @@ it fixes (the SIGTERM really arrived, the hang really waited for the timeout).
 
 from __future__ import annotations
 
-
 import pytest
 
 from torchdoctor.explain import explain
 from torchdoctor.lab.scenarios import loader
 from torchdoctor.registry import lookup
 
-from .support.lab import closed_loop, LabRuns, fixture_text, scenario_names, signature_values
+from .support.lab import LabRuns, closed_loop, fixture_text, scenario_names, signature_values
 
 NAMES = scenario_names("loader")
 

@@ -16,9 +16,13 @@ from torchdoctor.lab.scenarios import memory
 from torchdoctor.units import human_bytes
 
 from .support.lab import (
+    LOGS,
+    LabRuns,
+    check_json,
     closed_loop,
-    LOGS, LabRuns, check_json, fixture_text,
-    scenario_names, signature_values,
+    fixture_text,
+    scenario_names,
+    signature_values,
 )
 
 NAMES = scenario_names("memory")

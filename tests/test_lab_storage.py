@@ -20,8 +20,10 @@ import pytest
 from torchdoctor.lab.scenarios import storage
 
 from .support.lab import (
+    LabRuns,
+    check_json,
     closed_loop,
-    LabRuns, check_json, scenario_names,
+    scenario_names,
     signature_values,
 )
 

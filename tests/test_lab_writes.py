@@ -23,8 +23,8 @@ import pytest
 from torchdoctor.lab.scenarios import writes
 
 from .support.lab import (
-    closed_loop,
     LabRuns,
+    closed_loop,
     scenario_names,
     signature_values,
 )

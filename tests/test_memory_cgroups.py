@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -16,8 +15,7 @@ import psutil
 import pytest
 
 from torchdoctor.checks import run_checks
-from torchdoctor.facts import Facts, GatherContext
-from torchdoctor.facts import cgroups, memory
+from torchdoctor.facts import Facts, GatherContext, cgroups, memory
 from torchdoctor.options import CheckOptions
 from torchdoctor.registry import lookup
 

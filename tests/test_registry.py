@@ -7,10 +7,10 @@ import string
 
 import pytest
 
+from torchdoctor.errors import UnknownCodeError
 from torchdoctor.families import FAMILIES
 from torchdoctor.registry import AREAS, all_codes, lookup
 from torchdoctor.report.codes import markdown
-from torchdoctor.errors import UnknownCodeError
 
 from .conftest import REPO
 

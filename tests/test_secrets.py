@@ -87,7 +87,7 @@ READABLE_ENV = {
 
 def test_redact_env_by_name_and_by_shape() -> None:
     red = redact_env({name: value for name, (value, _, _) in PLANTED_ENV.items()})
-    for name, (value, secret, kept) in PLANTED_ENV.items():
+    for name, (_value, secret, kept) in PLANTED_ENV.items():
         assert secret not in red[name], (name, red[name])
         if kept:
             assert red[name] == kept

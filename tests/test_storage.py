@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torchdoctor.catalogue import storage, storage_mounts
 from torchdoctor.checks import run_checks

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torchdoctor.facts.mounts import mount_for, parse_mountinfo
 from torchdoctor.facts.redact import anonymise, redact_env

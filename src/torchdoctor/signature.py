@@ -239,3 +239,10 @@ class Signature:
     def _values(self, m: Any) -> dict[str, str]:
         found = {k: v for k, v in m.groupdict().items() if v is not None}
         return {**self.values, **found}
+
+
+def prose_gap(n: int, *avoid: str) -> str:
+    """A pattern fragment: up to ``n`` characters of one sentence holding none of ``avoid`` (regex
+    fragments). A prose symptom's gap cannot swallow its triggers, so a line the engine takes as cut
+    short (a partial match must hold a trigger) matches only once it reached the pattern's last part."""
+    return r"(?:(?!" + "|".join(avoid) + r")[^.\n]){0," + str(n) + "}"

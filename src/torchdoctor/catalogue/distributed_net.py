@@ -51,7 +51,7 @@ def _check_port_in_use(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     evidence += [ev(f"bind {b.address}:{store.port}", b.error or "ok", "socket.bind with SO_REUSEADDR")
                  for b in store.bind]
     if holder and holder.pid is not None:
-        cmdline = list(holder.cmdline) if holder.cmdline is not None else ""
+        cmdline = holder.cmdline or ""
         evidence.append(ev("held by", f"pid {holder.pid} {holder.name or ''} {cmdline or ''}".strip(),
                            "psutil.net_connections"))
     yield Hit(

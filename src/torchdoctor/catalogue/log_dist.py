@@ -12,15 +12,10 @@ from __future__ import annotations
 from ..model import Severity
 from ..registry import Code, register
 from ..signature import Role, Signature
+from ..signature import prose_gap as _gap
 
 _FIRST = ("Find the first rank that failed (torchrun's 'Root Cause (first observed failure)', the earliest "
           "traceback) and fix its own error; ")
-
-def _gap(n: int, *avoid: str) -> str:
-    """Up to ``n`` characters of one sentence holding none of ``avoid`` (regex fragments): a prose symptom's gap
-    cannot swallow its triggers, so a line the engine takes as cut short (a partial match must hold a trigger)
-    matches only once it reached the pattern's last part."""
-    return r"(?:(?!" + "|".join(avoid) + r")[^.\n]){0,%d}" % n
 
 
 TD450 = register(Code(

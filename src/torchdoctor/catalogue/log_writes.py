@@ -9,14 +9,8 @@ from __future__ import annotations
 from ..model import Severity
 from ..registry import Code, register
 from ..signature import Role, Signature
+from ..signature import prose_gap as _gap
 from .log_storage import _ATOMIC
-
-def _gap(n: int, *avoid: str) -> str:
-    """Up to ``n`` characters of one sentence holding none of ``avoid`` (regex fragments): a prose symptom's gap
-    cannot swallow its triggers, so a line the engine takes as cut short (a partial match must hold a trigger)
-    matches only once it reached the pattern's last part."""
-    return r"(?:(?!" + "|".join(avoid) + r")[^.\n]){0,%d}" % n
-
 
 TD657 = register(Code(
     code="TD657",

@@ -39,12 +39,12 @@ from .collect import HEAD_BYTES, MAX_RANKS, Collector, Event, Matches
 from .match import FAST_AFTER, PROSE_LINES, TRACEBACK, Scanner, SignatureIndex, match_frames, match_line
 from .model import LineRef
 from .normalize import NormLine, SummaryTracker, Time, normalize, unflatten
-from .repeats import RepeatFilter
 from .relevance import (
     is_chain_marker,
     looks_like_exception_line,
     relevance,
 )
+from .repeats import RepeatFilter
 from .sources import MAX_LINE, Block, Source, TruncatedInput, blocks, cut_long, prefetch
 
 TB_KEEP_HEAD = 2

@@ -490,7 +490,8 @@ class PortHolder(Record):
     status: str | None = None
     address: str | None = None
     name: str | None = None
-    cmdline: tuple[str, ...] | None = None
+    cmdline: str | None = None
+    """The holder's command line, secrets redacted, cut at 200 characters."""
     user: str | None = None
     is_self: bool | None = None
     is_ancestor: bool | None = None
@@ -783,7 +784,7 @@ def shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "…"
 
 
-PathT = tuple[Union[str, int], ...]
+PathT = tuple[str | int, ...]
 
 
 def path_text(path: PathT) -> str:

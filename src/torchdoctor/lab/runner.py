@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 from ..supervise import Limits, child_env, signal_name, start, supervise
 from . import Scenario
@@ -60,7 +60,7 @@ class RunRecord:
         return "\n".join(self.text().rstrip("\n").splitlines()[-lines:])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _unshare_works() -> str | None:
     if shutil.which("unshare") is None:
         return "unshare is not installed"

@@ -21,7 +21,6 @@ from .support.lab import (
     assert_recorded,
     scenario_names,
     signature_values,
-    slow_requested,  # noqa: F401  (tests/test_loader_tune.py still imports it from here)
 )
 
 RUN_KEYS = {"scenario", "expected_family", "expected_code", "reproduced", "exit_code", "seconds",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import random
 import threading
 from typing import Any
 
@@ -217,10 +218,120 @@ def test_doubling_grid() -> None:
     lambda w: 400 - (w - 6) ** 2 * 5,  # a peak in the middle
 ])
 def test_search_finds_near_best_with_few_points(curve: Any) -> None:
-    s = search(lambda w: float(curve(w)), 16)
+    s = search(lambda w: [float(curve(w))] * 3, 16)  # one run: three agreeing readings, settled at once
     best = max(curve(w) for w in range(17))
     assert s.chosen is not None and curve(s.chosen) >= 0.95 * best
-    assert len(s.points) <= 17 // 2
+    assert len(s.points) <= 17 // 2 + 1 and s.repeats <= 2  # second runs only where the search turns
+    single = search(lambda w: float(curve(w)), 16)  # one reading a run: each setting needs a second to agree
+    assert single.chosen == s.chosen and single.tally.count(single.chosen) >= 2
+
+
+def _busy(curve: Any, seed: int, hit: float = 0.3, whole: bool = False) -> Any:
+    """``curve`` measured on a busy machine: each run gives three readings (the parts of its window),
+    ±2% apart; with probability ``hit`` another process runs a burst that slows a stretch of
+    consecutive parts (or, ``whole``, the whole run) to 35-80%. Interference only slows a run down."""
+    rng = random.Random(seed)
+
+    def measure(w: int) -> list[float]:
+        factor, hit_run = rng.uniform(0.35, 0.8), rng.random() < hit
+        lo = 0 if whole else rng.randrange(3)
+        hi = 2 if whole else rng.randrange(lo, 3)
+        return [curve(w) * rng.uniform(0.98, 1.02) * (factor if hit_run and lo <= k <= hi else 1.0) for k in range(3)]
+
+    return measure
+
+
+CURVES = [
+    lambda w: min(w, 2) * 100 + 100 - 3 * w,  # CPU-bound on 2 cores
+    lambda w: 50 * w + 20,  # I/O-bound: linear to the end
+    lambda w: 400 - (w - 6) ** 2 * 5,  # a peak in the middle
+]
+
+
+@pytest.mark.parametrize("whole", [False, True])
+@pytest.mark.parametrize("curve", CURVES)
+def test_repeats_make_the_choice_robust_to_interference(curve: Any, whole: bool) -> None:
+    best = max(curve(w) for w in range(17))
+
+    def hits(max_runs: int) -> int:
+        good = 0
+        for seed in range(100):
+            s = search(_busy(curve, seed, whole=whole), 16, max_runs=max_runs)
+            good += curve(s.chosen) >= 0.95 * best
+        return good
+
+    repeated, single = hits(4), hits(1)
+    assert repeated >= (85 if whole else 97), (repeated, single)
+    assert repeated >= single
+
+
+def test_repeats_stop_on_agreement_not_on_a_count() -> None:
+    calls: list[int] = []
+
+    def quiet(w: int) -> list[float]:
+        calls.append(w)
+        return [100.0 + w] * 3
+
+    s = search(quiet, 8)  # a plateau: the search stops after 2 and 4 workers do not beat 1
+    assert all(s.tally.settled(w) for w in s.tally.keys()) and s.settled()  # every run agreed with itself
+    assert s.repeats == 1 and calls.count(4) == 2  # the one second run: of the setting it stopped on
+    flip: dict[int, int] = {}
+
+    def disagrees_once(w: int) -> list[float]:  # the first run of 2 workers is hit in one part
+        flip[w] = flip.get(w, 0) + 1
+        v = float(min(w, 2) * 100 + 100)
+        return [v, v * 0.5, v] if w == 2 and flip[w] == 1 else [v, v, v]
+
+    s = search(disagrees_once, 8)
+    assert flip[2] == 2 and s.tally.value(2) == 300.0  # measured again; the steady second run is trusted
+
+    n = [0]
+
+    def always_apart(w: int) -> list[float]:  # never two readings within 10%: up to max_runs, no further
+        n[0] += 3
+        return [100.0 * (1 + w) * 1.5 ** (n[0] + k) for k in range(3)]
+
+    s = search(always_apart, 4, max_runs=3)
+    assert all(s.tally.count(w) <= 3 for w in s.tally.keys()) and not s.settled()
+
+
+@pytest.mark.parametrize(("slowed", "again"), [({4: 0.5, 8: 0.27}, 8), ({8: 0.5, 16: 0.5}, 16), ({16: 0.5}, 16)])
+def test_a_run_slowed_as_a_whole_is_measured_again(slowed: dict[int, float], again: int) -> None:
+    """I/O-bound (best at 16 workers); the first runs of ``slowed`` are slowed as a whole (their parts
+    agree), so that the search would stop early (4 and 8 look no better than 2) or take a neighbour
+    of the best for worse than it is."""
+
+    def slowed_first() -> tuple[dict[int, int], Any]:
+        runs: dict[int, int] = {}
+
+        def measure(w: int) -> list[float]:
+            runs[w] = runs.get(w, 0) + 1
+            v = 50.0 * w + 20
+            return [v * (slowed.get(w, 1.0) if runs[w] == 1 else 1.0)] * 3
+
+        return runs, measure
+
+    runs, measure = slowed_first()
+    s = search(measure, 16)
+    assert runs[again] >= 2 and s.chosen == 16, (s.order, s.measured())
+    _, measure = slowed_first()
+    assert search(measure, 16, max_runs=1).chosen != 16  # one run per setting trusts the slowed runs
+
+
+def test_repeats_stop_when_the_budget_is_spent() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def noisy(w: int) -> list[float]:
+        now[0] += 1.0  # each run takes a second
+        return [100.0 * (1 + w), 60.0 * (1 + w), 30.0 * (1 + w)]  # never agree: would repeat to max_runs
+
+    s = search(noisy, 16, budget=5.0, clock=clock)
+    first_runs = len(s.tally.keys())
+    assert s.out_of_budget and len(s.points) - first_runs == s.repeats
+    assert s.repeats <= 5 and not s.settled()  # repeats only while the budget lasted; first runs always made
 
 
 def test_parse_target() -> None:

@@ -195,17 +195,39 @@ def test_import_error_of_the_users_module_is_a_finding() -> None:
     (f"{TARGETS}:no_such_function", "has no attribute 'no_such_function'"),
     (f"{TARGETS}:not_a_loader", "not a torch DataLoader or Dataset"),
     ("/nonexistent/train.py:build", "does not exist"),
+    ("/usr/bin/ls:main", "TARGET file '/usr/bin/ls' is not a Python file"),
+    (f"{FIXTURES / 'loader'}:build", "is a directory, not a Python file"),
+    ("tests.fixtures.loader.no_such_module:build", "no module named 'tests.fixtures.loader.no_such_module'"),
 ])
 def test_usage_errors_are_one_line(target_arg: str, text: str) -> None:
     proc = run_cli("loader", target_arg, "--static")
-    assert proc.returncode == 2 and text in proc.stderr
+    assert proc.returncode == 2 and text in proc.stderr, (proc.returncode, proc.stdout[-2000:], proc.stderr)
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    if "Python file" in text:  # names the fix too
+        assert "TARGET is path/to/file.py:function or package.module:function" in proc.stderr
+
+
+@pytest.mark.parametrize("beside", [None, "package"])
+def test_a_text_file_target_is_a_usage_error(tmp_path: Path, beside: str | None) -> None:
+    """`torchdoctor loader notes.txt:make_loader` was reported as TD501 "your code raised"; also when a
+    `notes/` directory beside it makes `notes` importable (then the child finds out)."""
+    (tmp_path / "notes.txt").write_text("make_loader is in train.py\n")
+    if beside:
+        (tmp_path / "notes").mkdir()
+    proc = run_cli("loader", "notes.txt:make_loader", cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr)
+    assert proc.stderr.strip() == ("torchdoctor: error: TARGET file 'notes.txt' is not a Python file (it does not "
+                                   "end in .py); TARGET is path/to/file.py:function or package.module:function")
+    assert "TD501" not in proc.stdout
 
 
 def test_a_dataset_is_built_into_a_loader_from_the_flags() -> None:
     r = probe("dataset_only", batch_size=4, num_workers=1)
     assert r.section["loader"]["batch_size"] == 4 and r.section["loader"]["num_workers"] == 1
-    assert r.section["live"]["batches"] == 4
+    assert r.section["batch"]["samples"] == 4  # one batch of the built loader: batch_size 4
+    live = r.section["live"]
+    assert live["ran"] and live["samples_per_s"] > 0 and live["rate"]["window_samples"] % 4 == 0
+    assert len(live["workers"]) == 1  # num_workers 1
 
 
 def test_api_accepts_the_factory_itself() -> None:

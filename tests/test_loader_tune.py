@@ -11,7 +11,7 @@ import pytest
 from torchdoctor.probes import ProbeOptions, probe_loader
 
 from .conftest import FIXTURES, run_cli
-from .test_lab import slow_requested
+from .support.lab import slow_requested
 
 pytest.importorskip("torch")
 
@@ -32,7 +32,8 @@ def test_tune_io_bound_prefers_more_workers_and_plots(tmp_path) -> None:  # type
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     tune = doc["probe"]["tune"]
-    measured = {p["num_workers"]: p["samples_per_s"] for p in tune["points"] if p["prefetch_factor"] in (None, 2)}
+    measured = {x["num_workers"]: x["samples_per_s"] for x in tune["settings"] if x["prefetch_factor"] in (None, 2)}
+    assert len(tune["points"]) == sum(x["runs"] for x in tune["settings"])  # every run is kept, in order
     assert set(measured) >= {0, 1, 2, 4}
     chosen = tune["chosen"]
     assert chosen["num_workers"] in measured and chosen["num_workers"] >= 2  # 4 ms waits: workers overlap them
@@ -46,7 +47,7 @@ def test_tune_text_shows_the_table_and_svg(tmp_path) -> None:  # type: ignore[no
     proc = run_cli("loader", f"{TUNE}:cpu_bound", "--tune", "--max-workers", "2", "--tune-seconds", "0.3",
                    "--plot", str(svg), timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "tuning (in the order measured)" in proc.stdout and "★" in proc.stdout
+    assert "tuning (settings in the order first measured)" in proc.stdout and "★" in proc.stdout
     assert "recommended" in proc.stdout and str(svg) in proc.stdout
     assert svg.read_text().lstrip().startswith(("<?xml", "<svg")) and "num_workers" in svg.read_text()
 

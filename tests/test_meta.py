@@ -157,10 +157,7 @@ def test_test_modules_import_only_conftest_and_support() -> None:
             elif isinstance(node, ast.Import):
                 bad += [f"{path.name}:{node.lineno} imports {a.name}"
                         for a in node.names if a.name.startswith("tests.test_")]
-    # tests/test_loader_tune.py belongs to another change in flight; it still imports slow_requested
-    # from test_lab, which re-exports it from tests/support/lab.py until that module is moved over
-    known = {"test_loader_tune.py"}
-    assert [b for b in bad if b.split(":")[0] not in known] == [], bad
+    assert bad == [], bad
 
 
 # -- the checker itself finds what it must ------------------------------------------------------------

@@ -36,7 +36,8 @@ METHODS = click.Choice(["fork", "spawn", "forkserver"])
 @click.option("--pin-memory/--no-pin-memory", default=None, help="Override pin_memory.")
 @click.option("--persistent-workers/--no-persistent-workers", default=None, help="Override persistent_workers.")
 @click.option("--batches", type=click.IntRange(min=2), default=8, show_default=True,
-              help="Batches to fetch in the live run.")
+              help="Batches over which the live run follows worker memory and threads (its throughput is "
+                   "timed after them, over --tune-seconds).")
 @click.option("--force-live", is_flag=True, help="Run the workers even when a failure is predicted (to see it happen).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None,
               help="Hard limit in seconds for the whole probe [default: 60, with --tune 600].")
@@ -45,7 +46,10 @@ METHODS = click.Choice(["fork", "spawn", "forkserver"])
 @click.option("--max-workers", type=click.IntRange(min=1), default=None,
               help="Largest num_workers the tuner tries [default: max(8, 4 × usable cores)].")
 @click.option("--tune-seconds", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
-              help="Measuring time per tried setting.")
+              help="Measuring window per run of a setting (the live run's throughput uses the same window).")
+@click.option("--tune-budget", type=click.FloatRange(min=0), default=None,
+              help="Seconds the tuner may spend in all before it stops repeating settings whose readings "
+                   "disagree [default: 30 × --tune-seconds].")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="With --tune: write throughput against num_workers to this .png or .svg.")
 def loader(target: str, fmt: str, fail_on: str, static: bool, parent_start_method: str | None,
@@ -53,7 +57,7 @@ def loader(target: str, fmt: str, fail_on: str, static: bool, parent_start_metho
            multiprocessing_context: str | None, prefetch_factor: int | None, pin_memory: bool | None,
            persistent_workers: bool | None, batches: int, force_live: bool, timeout: float | None,
            memory_cap: int | None, tune: bool, max_workers: int | None, tune_seconds: float,
-           plot_path: str | None) -> None:
+           tune_budget: float | None, plot_path: str | None) -> None:
     """Probe a real DataLoader before a long job: predict its failures, measure it, tune it.
 
     TARGET is `package.module:function` or `path/to/file.py:function`; the function takes no
@@ -74,6 +78,8 @@ def loader(target: str, fmt: str, fail_on: str, static: bool, parent_start_metho
 
     if plot_path and not tune:
         raise UsageError("--plot draws the --tune results: add --tune")
+    if tune_budget is not None and not tune:
+        raise UsageError("--tune-budget limits the --tune search: add --tune")
     if tune and static:
         raise UsageError("--tune runs workers; it cannot be combined with --static")
     opts = ProbeOptions(
@@ -81,7 +87,7 @@ def loader(target: str, fmt: str, fail_on: str, static: bool, parent_start_metho
         prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=persistent_workers,
         parent_start_method=parent_start_method, sharing_strategy=sharing_strategy, static=static,
         force_live=force_live, batches=batches, timeout=timeout, memory_cap=memory_cap, tune=tune,
-        max_workers=max_workers, tune_seconds=tune_seconds,
+        max_workers=max_workers, tune_seconds=tune_seconds, tune_budget=tune_budget,
     )
     with _Progress(tune) as progress:
         report = probe_loader(target, opts, on_event=progress.event)
@@ -163,8 +169,15 @@ def _summary(section: dict[str, Any], plotted: str | None, out: IO[str]) -> None
         rows.append(("one batch", f"{human_bytes(batch.get('bytes'))} in {batch.get('tensors')} tensors, "
                                   f"{batch.get('seconds')} s to make without workers"))
     if live.get("ran"):
-        rows.append(("live run", f"{live['batches']} batches, first after {live['first_batch_seconds']} s, "
-                                 f"{live.get('samples_per_s')} samples/s"))
+        rate = live.get("rate") or {}
+        window = (f" (steady over {rate['window_batches']} batches in {rate['window_seconds']} s)"
+                  if rate.get("window_batches") else "")
+        rows.append(("live run", f"first batch after {live['first_batch_seconds']} s, "
+                                 f"{live.get('samples_per_s')} samples/s{window}"))
+        if live.get("epoch_restart_seconds"):
+            rows.append(("per epoch", f"{live['epoch_seconds']} s with a worker restart of "
+                                      f"{live['epoch_restart_seconds']} s each: {live['epoch_samples_per_s']} samples/s "
+                                      "over whole epochs (persistent_workers=True keeps the workers)"))
     elif live.get("skipped"):
         rows.append(("live run", f"skipped: {live['skipped']} (--force-live runs it anyway)"))
     tune = section.get("tune")
@@ -186,16 +199,26 @@ def _summary(section: dict[str, Any], plotted: str | None, out: IO[str]) -> None
             console.print(grid)
         if tune:
             console.print()
-            table = Table(title="tuning (in the order measured)", title_justify="left")
-            for col in ("#", "num_workers", "prefetch", "samples/s", "vs best", "start-up s"):
+            table = Table(title="tuning (settings in the order first measured)", title_justify="left")
+            for col in ("#", "num_workers", "prefetch", "samples/s", "runs", "spread", "vs best", "start-up s"):
                 table.add_column(col, justify="right")
-            best = max(r["samples_per_s"] for r in tune["points"]) or 1
-            for r in tune["points"]:
-                mark = " ★" if (r["num_workers"], r.get("prefetch_factor")) == (
-                    tune["chosen"]["num_workers"], tune["chosen"].get("prefetch_factor")) else ""
-                table.add_row(str(r["step"]), f"{r['num_workers']}{mark}", str(r.get("prefetch_factor") or "-"),
-                              f"{r['samples_per_s']:,.1f}", f"{100 * r['samples_per_s'] / best:.0f}%",
-                              f"{r['startup_s']:.2f}")
+            points = tune["points"]
+            best = max(float(x["samples_per_s"]) for x in tune["settings"]) or 1.0
+            chosen = (tune["chosen"]["num_workers"], tune["chosen"].get("prefetch_factor"))
+            first: dict[tuple[Any, Any], dict[str, Any]] = {}
+            for r in points:
+                first.setdefault((r["num_workers"], r.get("prefetch_factor")), r)
+            for x in sorted(tune["settings"], key=lambda x: first[(x["num_workers"], x["prefetch_factor"])]["step"]):
+                key = (x["num_workers"], x["prefetch_factor"])
+                mark = " ★" if key == chosen else ""
+                agreed = "" if x["settled"] else " ?"
+                table.add_row(str(first[key]["step"]), f"{x['num_workers']}{mark}", str(x["prefetch_factor"] or "-"),
+                              f"{x['samples_per_s']:,.1f}{agreed}", str(x["runs"]), f"{100 * x['spread']:.0f}%",
+                              f"{100 * x['samples_per_s'] / best:.0f}%", f"{first[key]['startup_s']:.2f}")
             console.print(table)
-            console.print(Text(f"{len(tune['points'])} settings measured in {tune['seconds']} s", style="dim"))
+            note = (f"{len(points)} runs of {len(tune['settings'])} settings in {tune['seconds']} s "
+                    f"({tune.get('repeats', 0)} repeated because their readings disagreed)")
+            if not tune.get("settled", True):
+                note += "; ? = readings still disagree (busy machine, or --tune-budget spent)"
+            console.print(Text(note, style="dim"))
         out.write("\n")

@@ -50,6 +50,9 @@ class ProbeOptions:
     tune: bool = False
     max_workers: int | None = None
     tune_seconds: float = 1.0
+    """Measuring window per run of a tried setting, and of the live run's throughput."""
+    tune_budget: float | None = None
+    """Seconds the tuner may spend repeating settings whose readings disagree (default 30 × tune_seconds)."""
 
     def overrides(self) -> dict[str, Any]:
         keys = ("batch_size", "num_workers", "multiprocessing_context", "prefetch_factor", "pin_memory",
@@ -106,28 +109,27 @@ def _is_object(target: Any) -> bool:
 
 def _precheck(spec_target: str) -> None:
     """TARGET typos fail here at once, without starting a child (the child checks again)."""
-    import importlib.util
     import sys
 
-    from .target import TargetNotFound, parse
+    from .target import TargetNotFound, file_problem, is_path, parse, top_level_exists
 
     try:
         module, _ = parse(spec_target)
     except TargetNotFound as exc:
         raise UsageError(str(exc)) from None
-    if module.endswith(".py") or os.sep in module:
-        if not os.path.isfile(module):
-            raise UsageError(f"TARGET file {module!r} does not exist")
-        return
-    top = module.split(".")[0]
-    sys.path.insert(0, os.getcwd())
-    try:
-        found = importlib.util.find_spec(top) is not None
-    finally:
-        sys.path.pop(0)
+    found = True
+    if not is_path(module):
+        sys.path.insert(0, os.getcwd())
+        try:
+            found = top_level_exists(module)
+        finally:
+            sys.path.pop(0)
+    problem = file_problem(module, importable=found)
+    if problem:
+        raise UsageError(problem)
     if not found:
-        raise UsageError(f"no module named {top!r} (TARGET module {module!r}); run from the directory that contains "
-                         "it or set PYTHONPATH")
+        raise UsageError(f"no module named {module.split('.')[0]!r} (TARGET module {module!r}); run from the "
+                         "directory that contains it or set PYTHONPATH")
 
 
 def _limits(facts: Facts) -> dict[str, Any]:
@@ -157,7 +159,7 @@ def probe_loader(target: Any, options: ProbeOptions | None = None, facts: Facts 
         "target": spec_target, "overrides": opts.overrides(), "parent_start_method": opts.parent_start_method,
         "sharing_strategy": opts.sharing_strategy, "static_only": opts.static, "force_live": opts.force_live,
         "batches": opts.batches, "tune": opts.tune, "max_workers": opts.max_workers or max(8, 4 * int(cores)),
-        "tune_seconds": opts.tune_seconds, "limits": _limits(facts),
+        "tune_seconds": opts.tune_seconds, "tune_budget": opts.tune_budget, "limits": _limits(facts),
     }
     out = run_child(spec, timeout, opts.memory_cap, on_event, obj=obj)
     usage = out.last("usage")

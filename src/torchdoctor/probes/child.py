@@ -151,7 +151,8 @@ def _measure(spec: dict[str, Any], loader: Any, emit: Events) -> int:
     if loader.num_workers > 0:
         emit("phase", {"phase": "live"})
         try:
-            result = live.run_workers(loader, int(spec.get("batches", 8)), emit)
+            seconds = float(spec.get("tune_seconds", 1.0))
+            result = live.run_workers(loader, int(spec.get("batches", 8)), seconds, emit)
             result["bare_worker_threads"] = live.bare_worker_threads(loader)
             emit("live", result)
         except BaseException as exc:  # noqa: BLE001 - a worker's failure, reported by the DataLoader
@@ -163,7 +164,9 @@ def _measure(spec: dict[str, Any], loader: Any, emit: Events) -> int:
 
         emit("phase", {"phase": "tune"})
         try:
-            emit("tune", tune.tune(loader, int(spec["max_workers"]), float(spec.get("tune_seconds", 1.0)), emit))
+            budget = spec.get("tune_budget")
+            emit("tune", tune.tune(loader, int(spec["max_workers"]), float(spec.get("tune_seconds", 1.0)), emit,
+                                   budget=None if budget is None else float(budget)))
         except BaseException as exc:  # noqa: BLE001
             return _fail(emit, "tune", exc)
     return 0

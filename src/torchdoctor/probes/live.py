@@ -1,9 +1,10 @@
 """Run the loader for real, briefly, and measure it (probe child only).
 
 * one batch made in this process (no workers, nothing shared): its bytes and the time it takes;
-* then the real workers: time to start them and to the first batch, a few batches, throughput,
-  and for each worker its memory (USS/PSS from ``/proc/PID/smaps_rollup``) and thread count at the
-  first and the last batch, so copy-on-write growth and thread pools show up.
+* then the real workers: time to start them and to the first batch, each worker's memory
+  (USS/PSS from ``/proc/PID/smaps_rollup``) and thread count over the first batches and again
+  after the throughput window (so copy-on-write growth and thread pools show up), and the
+  throughput measured by :func:`.rate.measure_rate`, exactly as the tuner measures each setting.
 """
 
 from __future__ import annotations
@@ -14,52 +15,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..supervise import proc_memory
+from .rate import Rate, batch_size_of, measure_rate, tensor_bytes
 from .target import in_process
 
 Emit = Callable[[str, dict[str, Any]], None]
 
 
-def tensor_bytes(batch: Any, depth: int = 0) -> tuple[int, int]:
-    """(bytes in tensors, number of tensors) of a batch: what workers hand over through shared memory."""
-    import torch
-
-    if depth > 8:
-        return 0, 0
-    if isinstance(batch, torch.Tensor):
-        return batch.untyped_storage().nbytes() if batch.layout == torch.strided else batch.element_size() * \
-            batch.numel(), 1
-    items: Any
-    if isinstance(batch, dict):
-        items = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        items = batch
-    else:
-        return 0, 0
-    total = count = 0
-    for item in items:
-        b, c = tensor_bytes(item, depth + 1)
-        total += b
-        count += c
-    return total, count
-
-
-def batch_len(batch: Any) -> int:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict) and batch:
-        return batch_len(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        first = batch[0]
-        if isinstance(first, (torch.Tensor, list, tuple, dict)) and not isinstance(batch, list):
-            return batch_len(first)
-        return len(batch)
-    return 1
-
-
 def sample_in_process(loader: Any, batches: int = 2) -> dict[str, Any]:
     """Make a couple of batches without workers: bytes per batch and seconds per batch."""
+    hint = getattr(loader, "batch_size", None)
     it = iter(in_process(loader))
     sizes, counts, times, lens = [], [], [], []
     for _ in range(batches):
@@ -72,7 +37,7 @@ def sample_in_process(loader: Any, batches: int = 2) -> dict[str, Any]:
         b, c = tensor_bytes(batch)
         sizes.append(b)
         counts.append(c)
-        lens.append(batch_len(batch))
+        lens.append(batch_size_of(batch, hint))
     del it
     if not sizes:
         return {"bytes": 0, "tensors": 0, "samples": 0, "seconds": None}
@@ -147,21 +112,6 @@ def bare_worker_threads(loader: Any) -> int | None:
         it._shutdown_workers()
 
 
-def proc_memory(pid: int) -> dict[str, int] | None:
-    """RSS, PSS and USS (private clean + dirty) of a process, in bytes, from smaps_rollup."""
-    fields: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if rest.strip().endswith("kB"):
-                    fields[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        return None
-    uss = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
-    return {"rss": fields.get("Rss", 0), "pss": fields.get("Pss", 0), "uss": uss}
-
-
 def proc_threads(pid: int) -> int | None:
     try:
         return len(os.listdir(f"/proc/{pid}/task"))
@@ -170,25 +120,33 @@ def proc_threads(pid: int) -> int | None:
 
 
 class _Workers:
-    """Per-worker memory and thread samples over the run."""
+    """Per-worker memory and thread samples: the workers the run started, followed while they live."""
 
-    def __init__(self, pids: list[int]) -> None:
-        self.pids = pids
+    def __init__(self) -> None:
+        self.pids: list[int] = []
         self.first: dict[int, dict[str, int]] = {}
         self.last: dict[int, dict[str, int]] = {}
         self.threads: dict[int, int] = {}
         self.samples = 0
+        self.followed = 0
+        """Batches fetched from the first memory sample to the last (TD532's growth is over these)."""
 
-    def sample(self) -> None:
-        self.samples += 1
+    def sample(self, n: int, it: Any) -> None:
+        if not self.pids:
+            self.pids = [int(w.pid) for w in getattr(it, "_workers", []) if w.pid]
+        seen = False
         for pid in self.pids:
             mem = proc_memory(pid)
             if mem is not None:
+                seen = True
                 self.first.setdefault(pid, mem)
                 self.last[pid] = mem
-            n = proc_threads(pid)
-            if n is not None:
-                self.threads[pid] = max(self.threads.get(pid, 0), n)
+            threads = proc_threads(pid)
+            if threads is not None:
+                self.threads[pid] = max(self.threads.get(pid, 0), threads)
+        if seen:
+            self.samples += 1
+            self.followed = n
 
     def report(self) -> list[dict[str, Any]]:
         out = []
@@ -201,43 +159,54 @@ class _Workers:
         return out
 
 
-def run_workers(loader: Any, batches: int, emit: Emit | None = None) -> dict[str, Any]:
-    """Start the real workers, fetch up to ``batches`` batches, measure; the workers are shut down after."""
-    t0 = time.perf_counter()
-    it = iter(loader)
-    started = time.perf_counter() - t0
-    pids = [int(w.pid) for w in getattr(it, "_workers", []) if w.pid]
-    workers = _Workers(pids)
-    stamps: list[float] = []
-    samples = 0
+def _epoch(loader: Any, rate: Rate) -> dict[str, Any]:
+    """An epoch as a training loop sees it: the dataset at the steady rate, plus, when the workers are not
+    persistent, their restart (start-up and first batch, paid again every epoch)."""
     try:
-        for i in range(max(1, batches)):
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            stamps.append(time.perf_counter() - t0)
-            samples += batch_len(batch)
-            del batch
-            workers.sample()
-            if emit is not None:
-                emit("progress", {"phase": "live", "batch": i + 1, "of": batches})
+        n = len(loader.dataset)
+    except TypeError:
+        return {}
+    if not n or not rate.samples_per_s:
+        return {}
+    restart = 0.0 if loader.persistent_workers else float(rate.first_batch_seconds or 0.0)
+    epoch = n / rate.samples_per_s + restart
+    return {"epoch_seconds": round(epoch, 3), "epoch_restart_seconds": round(restart, 4),
+            "epoch_samples_per_s": round(n / epoch, 2)}
+
+
+def run_workers(loader: Any, batches: int, seconds: float = 1.0, emit: Emit | None = None) -> dict[str, Any]:
+    """Start the real workers and measure them: memory and threads over the first ``batches`` batches
+    (and again after the window if the same workers still run), throughput with
+    :func:`~.rate.measure_rate`, the tuner's own measure, over ``seconds``; the workers are shut down after."""
+    workers = _Workers()
+    first_it: list[Any] = []
+
+    def on_batch(n: int, it: Any) -> None:
+        if not first_it:
+            first_it.append(it)
+        workers.sample(n, it)
+        if emit is not None:
+            emit("progress", {"phase": "live", "batch": n, "of": batches})
+
+    def at_end(n: int, it: Any) -> None:
+        if first_it and it is first_it[0]:  # the same workers (same epoch, or persistent): their memory now
+            workers.sample(n, it)
+
+    try:
+        rate: Rate = measure_rate(loader, seconds, min_batches=2, follow=max(1, batches), on_batch=on_batch,
+                                  at_end=at_end)
     finally:
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        del it
         gc.collect()
-    steady = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
-    return {
+    return {**_epoch(loader, rate),
         "ran": True,
-        "start_seconds": round(started, 4),
-        "first_batch_seconds": round(stamps[0], 4) if stamps else None,
-        "batches": len(stamps),
-        "samples": samples,
-        "seconds": round(stamps[-1], 4) if stamps else None,
-        "batches_per_s": round(steady, 3) if steady else None,
-        "samples_per_s": round(steady * samples / len(stamps), 2) if steady else None,
+        "start_seconds": round(rate.start_seconds, 4),
+        "first_batch_seconds": None if rate.first_batch_seconds is None else round(rate.first_batch_seconds, 4),
+        "batches": workers.followed or rate.batches,
+        "samples": rate.samples,
+        "seconds": round(rate.wall_seconds, 4),
+        "batches_per_s": rate.batches_per_s,
+        "samples_per_s": rate.samples_per_s,
+        "rate": rate.to_dict(),
         "memory_samples": workers.samples,
         "workers": workers.report(),
     }

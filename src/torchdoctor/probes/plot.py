@@ -11,7 +11,8 @@ FORMATS = (".png", ".svg")
 
 
 def plot_tune(tune: dict[str, Any], path: str | Path, title: str = "") -> Path:
-    """Draw every measured point (numbered in the order the search took them) and mark the choice."""
+    """Draw each setting's agreed throughput (numbered in the order the search first took them), every
+    run when some were repeated, and mark the choice."""
     out = Path(path)
     if out.suffix.lower() not in FORMATS:
         raise UsageError(f"--plot {str(out)!r}: use a .png or .svg file name")
@@ -22,24 +23,34 @@ def plot_tune(tune: dict[str, Any], path: str | Path, title: str = "") -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'torchdoctor[plot]'") from None
-    rows = [r for r in tune["points"] if r.get("prefetch_factor") in (None, 2) or r["num_workers"] == 0]
-    extra = [r for r in tune["points"] if r not in rows]
+    points = tune["points"]
+    settings = tune.get("settings") or [{**r, "runs": 1} for r in points]  # a record from before repeats
+    first: dict[tuple[Any, Any], int] = {}
+    for r in points:
+        first.setdefault((r["num_workers"], r.get("prefetch_factor")), r.get("step", 0))
+    rows = [x for x in settings if x.get("prefetch_factor") in (None, 2) or x["num_workers"] == 0]
+    extra = [x for x in settings if x not in rows]
     chosen = tune["chosen"]
     by_w: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        by_w.setdefault(r["num_workers"], r)
+    for x in rows:
+        by_w.setdefault(x["num_workers"], x)
     xs = sorted(by_w)
     ys = [by_w[w]["samples_per_s"] for w in xs]
+    runs = [r for r in points if r.get("prefetch_factor") in (None, 2) or r["num_workers"] == 0]
 
     fig, ax = plt.subplots(figsize=(7.5, 4.4), dpi=130)
     ax.plot(xs, ys, "-", color="#9aa5b1", linewidth=1.5, zorder=1)
-    ax.scatter(xs, ys, s=46, color="#2f6db3", zorder=2, label="measured (prefetch_factor 2)")
+    if any(x.get("runs", 1) > 1 for x in rows):
+        ax.scatter([r["num_workers"] for r in runs], [r["samples_per_s"] for r in runs], s=12, color="#9aa5b1",
+                   zorder=1, label="each run")
+    ax.scatter(xs, ys, s=46, color="#2f6db3", zorder=2, label="agreed (prefetch_factor 2)")
     for w in xs:
-        ax.annotate(f"#{by_w[w]['step']}", (w, by_w[w]["samples_per_s"]), textcoords="offset points",
+        step = first.get((w, by_w[w].get("prefetch_factor")), 0)
+        ax.annotate(f"#{step}", (w, by_w[w]["samples_per_s"]), textcoords="offset points",
                     xytext=(0, 7), ha="center", fontsize=7, color="#52606d")
-    for r in extra:
-        ax.scatter([r["num_workers"]], [r["samples_per_s"]], s=46, marker="D", color="#e8a33d", zorder=2,
-                   label=f"prefetch_factor {r['prefetch_factor']}")
+    for x in extra:
+        ax.scatter([x["num_workers"]], [x["samples_per_s"]], s=46, marker="D", color="#e8a33d", zorder=2,
+                   label=f"prefetch_factor {x['prefetch_factor']}")
     cw, cy = chosen["num_workers"], chosen["samples_per_s"]
     ax.scatter([cw], [cy], s=260, marker="*", color="#d64545", zorder=3, label="recommended")
     label = f"num_workers={cw}"
@@ -57,8 +68,9 @@ def plot_tune(tune: dict[str, Any], path: str | Path, title: str = "") -> Path:
     ax.set_ylim(bottom=0, top=max(ys + [cy]) * 1.22)
     ax.grid(True, alpha=0.3)
     ax.set_title(title or "DataLoader throughput against num_workers", fontsize=11)
-    n, secs = len(tune["points"]), tune.get("seconds")
-    ax.text(0.99, 0.02, f"{n} measurements in {secs:.0f} s (adaptive search, max {tune.get('max_workers')} workers)",
+    n, secs = len(points), tune.get("seconds")
+    ax.text(0.99, 0.02, f"{n} runs of {len(settings)} settings in {secs:.0f} s (adaptive search, max "
+            f"{tune.get('max_workers')} workers)",
             transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="#52606d")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))

@@ -110,8 +110,9 @@ class _Sink:
 
 
 def _counting_pickler(sink: Any, storages: dict[int, int], tensors: list[int]) -> Any:
-    import torch
     from multiprocessing.reduction import ForkingPickler
+
+    import torch
 
     class Counting(ForkingPickler):
         def reducer_override(self, obj: Any) -> Any:

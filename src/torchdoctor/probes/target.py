@@ -53,20 +53,68 @@ def parse(target: str) -> tuple[str, str]:
     return module, attr
 
 
+FORMS = "TARGET is path/to/file.py:function or package.module:function"
+
+
+def is_path(module: str) -> bool:
+    """The module part of TARGET names a file (``x.py``, ``dir/x``), not a dotted module."""
+    return module.endswith(".py") or os.sep in module or bool(os.altsep and os.altsep in module)
+
+
+def file_problem(module: str, importable: bool = False) -> str | None:
+    """Why the module part of TARGET cannot be imported as a file (None: it can, or it is a module name).
+
+    A name that is not path-like (``notes.txt``) is a file only when such a file exists and the
+    dotted name is not ``importable``."""
+    path = Path(module)
+    if not is_path(module):
+        if importable or not path.is_file():
+            return None
+        return f"TARGET file {module!r} is not a Python file (it does not end in .py); {FORMS}"
+    if not path.exists():
+        return f"TARGET file {module!r} does not exist"
+    if path.is_dir():
+        return f"TARGET {module!r} is a directory, not a Python file; {FORMS}"
+    if path.suffix != ".py":
+        return f"TARGET file {module!r} is not a Python file (it does not end in .py); {FORMS}"
+    return None
+
+
+def top_level_exists(module: str) -> bool:
+    """The top-level package or module of a dotted name can be found on ``sys.path`` (nothing is imported)."""
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):  # an empty or relative name
+        return False
+
+
 def _import(module: str) -> Any:
-    if module.endswith(".py") or os.sep in module:
+    top = module.split(".")[0]
+    problem = file_problem(module, importable=not is_path(module) and top_level_exists(module))
+    if problem:
+        raise TargetNotFound(problem)
+    if is_path(module):
         path = Path(module).resolve()
-        if not path.is_file():
-            raise TargetNotFound(f"TARGET file {module!r} does not exist")
         sys.path.insert(0, str(path.parent))
         name = path.stem
         if name in sys.modules and getattr(sys.modules[name], "__file__", None) != str(path):
             del sys.modules[name]
-        module = name
-    elif importlib.util.find_spec(module.split(".")[0]) is None:
-        raise TargetNotFound(f"no module named {module.split('.')[0]!r} (TARGET module {module!r}); "
+        shown, module = module, name
+    elif not top_level_exists(module):
+        raise TargetNotFound(f"no module named {top!r} (TARGET module {module!r}); "
                              "run from the directory that contains it or set PYTHONPATH")
-    return importlib.import_module(module)
+    else:
+        shown = module
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        # the target itself (or its package) is missing: a usage error; a module the target imports
+        # that is missing is the user's code failing, a finding
+        if exc.name and (exc.name == module or module.startswith(exc.name + ".")):
+            problem = file_problem(shown) if Path(shown).is_file() else None  # `notes.txt` beside a `notes/`
+            raise TargetNotFound(problem or f"no module named {exc.name!r} (TARGET module {shown!r}); {FORMS}") \
+                from None
+        raise
 
 
 def load(target: str) -> Callable[[], Any]:

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast venv docs bench clean
+.PHONY: run test test-fast lint venv docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)  ## set up and run the whole test suite (the long lab scenarios t
 
 test-fast: $(STAMP)  ## the default run only, without the long lab scenarios
 	$(BIN)/python -m pytest
+
+lint: $(STAMP)  ## mypy, ruff and ruff format --check, as CI runs them
+	$(BIN)/mypy
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 
 docs: $(STAMP)  ## regenerate docs/codes.md and docs/families.md from the catalogue
 	$(BIN)/torchdoctor codes --format markdown > docs/codes.md

@@ -156,7 +156,7 @@ def parse_report(path: Path) -> Report:
         m = re.match(r"# ([\w-]+):\s*(.*)$", line)
         if m:
             header.setdefault(m.group(1).lower(), []).append(m.group(2))
-    return Report(path, header, "\n".join(lines[end + 1:]))
+    return Report(path, header, "\n".join(lines[end + 1 :]))
 
 
 def load_reports(root: Path = REPORTS, family: str | None = None) -> list[Report]:
@@ -241,8 +241,14 @@ def calibration(results: list[Result]) -> list[dict[str, Any]]:
     rows = []
     for lo, hi in BUCKETS:
         got = [r for r in results if r.confidence is not None and lo <= r.confidence < hi]
-        rows.append({"bucket": f"{lo:.1f}-{min(hi, 1.0):.1f}", "n": len(got), "right": sum(r.hit for r in got),
-                     "accuracy": sum(r.hit for r in got) / len(got) if got else None})
+        rows.append(
+            {
+                "bucket": f"{lo:.1f}-{min(hi, 1.0):.1f}",
+                "n": len(got),
+                "right": sum(r.hit for r in got),
+                "accuracy": sum(r.hit for r in got) / len(got) if got else None,
+            }
+        )
     none = [r for r in results if r.confidence is None]
     rows.append({"bucket": "no answer", "n": len(none), "right": 0, "accuracy": None})
     return rows
@@ -269,8 +275,10 @@ def render_text(results: list[Result], summary: dict[str, Any], details: bool = 
         out.append(f"{'report':<44} {'expected':<24} {'top diagnosis':<34} {'family':<5} fix")
         for r in results:
             top = f"{r.top_code} {r.top_family}" if r.top_code else "no diagnosis"
-            out.append(f"{_clip(r.id, 44):<44} {r.expected:<24} {_clip(top, 34):<34} "
-                       f"{'hit' if r.hit else 'MISS':<5} {'yes' if r.fix_named else '-'}")
+            out.append(
+                f"{_clip(r.id, 44):<44} {r.expected:<24} {_clip(top, 34):<34} "
+                f"{'hit' if r.hit else 'MISS':<5} {'yes' if r.fix_named else '-'}"
+            )
         out.append("")
     out.append(f"{'family':<24} {'n':>3} {'first':>7} {'fix':>7}")
     for fam, v in summary["per_family"].items():
@@ -318,12 +326,19 @@ def is_frozen(root: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="machine-readable output")
-    ap.add_argument("--set", choices=(*SETS, "all"), default=None,
-                    help="which corpus: frozen (totals only), tune, old, or all (default)")
+    ap.add_argument(
+        "--set",
+        choices=(*SETS, "all"),
+        default=None,
+        help="which corpus: frozen (totals only), tune, old, or all (default)",
+    )
     ap.add_argument("--reports", type=Path, help="another corpus root (a frozen one still shows totals only)")
     ap.add_argument("--family", help="only the reports of this family")
-    ap.add_argument("--summary", action="store_true",
-                    help="only the per-family table and totals (what signature authors may look at)")
+    ap.add_argument(
+        "--summary",
+        action="store_true",
+        help="only the per-family table and totals (what signature authors may look at)",
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
     if args.reports is not None:
@@ -353,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== calibration over {', '.join(roots)} ({len(everything)} reports)")
         print(render_calibration(overall))
         if sure["n"]:
-            print(f"answers with confidence >= 0.8: {sure['right']}/{sure['n']} right = {sure['accuracy']:.1%} (target >= 95%)")
+            print(
+                f"answers with confidence >= 0.8: {sure['right']}/{sure['n']} right = {sure['accuracy']:.1%} (target >= 95%)"
+            )
     return 0
 
 

@@ -56,7 +56,7 @@ def fixture_body(path: Path) -> list[str]:
     """The log text of a fixture: what follows the '# ---' header line."""
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     if "# ---" in lines:
-        lines = lines[lines.index("# ---") + 1:]
+        lines = lines[lines.index("# ---") + 1 :]
     return lines
 
 
@@ -76,25 +76,36 @@ def progress_block(rng: random.Random, step: int, n: int) -> str:
 
 WARNINGS = (
     # tests/fixtures/logs/TD150/lab-fd-queue-ancdata.log (recorded on this machine): torch's import-time warning
-    ("/opt/conda/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed to "
-     "initialize NumPy: No module named 'numpy' (Triggered internally at "
-     "/__w/pytorch/pytorch/torch/csrc/utils/tensor_numpy.cpp:84.)",
-     '  cpu = _conversion_method_template(device=torch.device("cpu"))'),
+    (
+        "/opt/conda/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed to "
+        "initialize NumPy: No module named 'numpy' (Triggered internally at "
+        "/__w/pytorch/pytorch/torch/csrc/utils/tensor_numpy.cpp:84.)",
+        '  cpu = _conversion_method_template(device=torch.device("cpu"))',
+    ),
     # tests/fixtures/logs/TD570 (public report): the DataLoader's worker-count warning
-    ("/opt/conda/lib/python3.9/site-packages/torch/utils/data/dataloader.py:554: UserWarning: This DataLoader will "
-     "create 8 worker processes in total. Our suggested max number of worker in current system is 4, which is "
-     "smaller than what this DataLoader is going to create. Please be aware that excessive worker creation might "
-     "get DataLoader running slow or even freeze, lower the worker number to avoid potential slowness/freeze if "
-     "necessary.", "  warnings.warn(_create_warning_msg("),
+    (
+        "/opt/conda/lib/python3.9/site-packages/torch/utils/data/dataloader.py:554: UserWarning: This DataLoader will "
+        "create 8 worker processes in total. Our suggested max number of worker in current system is 4, which is "
+        "smaller than what this DataLoader is going to create. Please be aware that excessive worker creation might "
+        "get DataLoader running slow or even freeze, lower the worker number to avoid potential slowness/freeze if "
+        "necessary.",
+        "  warnings.warn(_create_warning_msg(",
+    ),
     # tests/fixtures/logs/TD570/near-lightning-too-few-workers.log (public report): Lightning's
-    ("/opt/conda/lib/python3.8/site-packages/pytorch_lightning/trainer/connectors/data_connector.py:224: "
-     "PossibleUserWarning: The dataloader, val_dataloader 0, does not have many workers which may be a bottleneck. "
-     "Consider increasing the value of the `num_workers` argument` (try 128 which is the number of cpus on this "
-     "machine) in the `DataLoader` init to improve performance.", "  rank_zero_warn("),
+    (
+        "/opt/conda/lib/python3.8/site-packages/pytorch_lightning/trainer/connectors/data_connector.py:224: "
+        "PossibleUserWarning: The dataloader, val_dataloader 0, does not have many workers which may be a bottleneck. "
+        "Consider increasing the value of the `num_workers` argument` (try 128 which is the number of cpus on this "
+        "machine) in the `DataLoader` init to improve performance.",
+        "  rank_zero_warn(",
+    ),
     # tests/fixtures/logs/TD45x torchrun runs (recorded on this machine): the launcher's banner
-    ("W1121 23:23:18.887000 25700 torch/distributed/run.py:874] Setting OMP_NUM_THREADS environment variable for "
-     "each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for "
-     "optimal performance in your application as needed. ", None),
+    (
+        "W1121 23:23:18.887000 25700 torch/distributed/run.py:874] Setting OMP_NUM_THREADS environment variable for "
+        "each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for "
+        "optimal performance in your application as needed. ",
+        None,
+    ),
 )
 
 
@@ -117,9 +128,11 @@ def world_block(rng: random.Random, step: int, n: int) -> str:
                 done = (s * 12 + k) % total
                 pct = done * 100 // total
                 bar = "█" * (pct // 10) + " " * (10 - pct // 10)
-                redraws.append(f"Epoch {s // total}: {pct:3d}%|{bar}| {done}/{total} [{k:02d}:{k * 7 % 60:02d}<01:42, "
-                               f"{rng.uniform(3, 9):.2f}it/s, loss={rng.uniform(0.1, 2):.3g}, v_num=0, "
-                               f"val_MeanSquaredError={rng.random():.3f}]")
+                redraws.append(
+                    f"Epoch {s // total}: {pct:3d}%|{bar}| {done}/{total} [{k:02d}:{k * 7 % 60:02d}<01:42, "
+                    f"{rng.uniform(3, 9):.2f}it/s, loss={rng.uniform(0.1, 2):.3g}, v_num=0, "
+                    f"val_MeanSquaredError={rng.random():.3f}]"
+                )
             out.append(f"[rank{rank}]:" + "\r".join(redraws) + "\n")
         else:
             out.append(
@@ -181,10 +194,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="1GB", help="Size of the generated log (e.g. 200MB, 1GB, 4GB).")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--fixture", default="TD150/lab-fd-queue-ancdata.log", help="Real failure to bury near the end.")
+    parser.add_argument(
+        "--fixture", default="TD150/lab-fd-queue-ancdata.log", help="Real failure to bury near the end."
+    )
     parser.add_argument("--keep", action="store_true", help="Keep the generated directory.")
-    parser.add_argument("--profile", choices=("world", "plain"), default="world",
-                        help="world: repeated warnings, tqdm redraws, metric names with Error (default); plain: logger lines only.")
+    parser.add_argument(
+        "--profile",
+        choices=("world", "plain"),
+        default="world",
+        help="world: repeated warnings, tqdm redraws, metric names with Error (default); plain: logger lines only.",
+    )
     args = parser.parse_args()
     size = parse_size(args.size)
     fixture = FIXTURES / args.fixture
@@ -195,11 +214,16 @@ def main() -> int:
         t0 = time.perf_counter()
         actual = build_log(log, size, fixture_body(fixture), args.profile)
         mb = actual / 1e6
-        print(f"built {log} ({mb:,.0f} MB, profile {args.profile}, {RANKS} ranks, failure from {args.fixture} on rank {FAILING_RANK}) in {time.perf_counter() - t0:.1f}s")
+        print(
+            f"built {log} ({mb:,.0f} MB, profile {args.profile}, {RANKS} ranks, failure from {args.fixture} on rank {FAILING_RANK}) in {time.perf_counter() - t0:.1f}s"
+        )
         # An installed package has its bytecode compiled; a source checkout (PYTHONDONTWRITEBYTECODE
         # is common in containers) would otherwise recompile every module on every start.
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "src" / "torchdoctor")], check=False,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(REPO / "src" / "torchdoctor")],
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
         explain = [sys.executable, "-m", "torchdoctor", "explain", str(log), "--format", "json"]
         grep = [*GREP, str(log)]
         sink = tmp / "output"
@@ -208,8 +232,10 @@ def main() -> int:
         try:
             doc = json.loads(out)
             top = doc["diagnoses"][0]["code"] if doc["diagnoses"] else None
-            print(f"explain named {top} on rank {doc['first_failure'] and doc['first_failure'].get('rank')} "
-                  f"(expected {expected} on rank {FAILING_RANK}); scanner: {doc.get('scanner')}")
+            print(
+                f"explain named {top} on rank {doc['first_failure'] and doc['first_failure'].get('rank')} "
+                f"(expected {expected} on rank {FAILING_RANK}); scanner: {doc.get('scanner')}"
+            )
         except (ValueError, KeyError, IndexError):
             print(f"explain output was not the expected JSON: {out[:400]}")
             return 1
@@ -229,13 +255,15 @@ def main() -> int:
         paste = tmp / "pasted.txt"
         body = "\n".join(fixture_body(fixture)) + "\n"
         lead = progress_block(random.Random(1), 0, 200)
-        lead = lead[-max(0, 10_240 - len(body)):] if len(body) < 10_240 else ""
-        paste.write_text(lead[lead.find("\n") + 1:] + body, encoding="utf-8")
+        lead = lead[-max(0, 10_240 - len(body)) :] if len(body) < 10_240 else ""
+        paste.write_text(lead[lead.find("\n") + 1 :] + body, encoding="utf-8")
         quick = [sys.executable, "-m", "torchdoctor", "explain", str(paste)]
         timed(quick)
         t_quick = statistics.median(timed(quick) for _ in range(5))
-        print(f"pasted traceback ({paste.stat().st_size / 1024:.1f} KB, text output) = {t_quick:.3f}s  "
-              f"(target < 0.300 s: {'PASS' if t_quick < 0.3 else 'FAIL'})")
+        print(
+            f"pasted traceback ({paste.stat().st_size / 1024:.1f} KB, text output) = {t_quick:.3f}s  "
+            f"(target < 0.300 s: {'PASS' if t_quick < 0.3 else 'FAIL'})"
+        )
         return 0 if ratio <= 2 and rss < 150 and t_quick < 0.3 and top == expected else 1
     finally:
         if args.keep:

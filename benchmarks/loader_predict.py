@@ -22,8 +22,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = f"{REPO / 'tests' / 'fixtures' / 'loader' / 'loader_targets.py'}:seed"
-PREDICT = [sys.executable, "-m", "torchdoctor", "loader", SEED, "--parent-start-method", "spawn", "--static",
-           "--format", "json"]
+PREDICT = [
+    sys.executable,
+    "-m",
+    "torchdoctor",
+    "loader",
+    SEED,
+    "--parent-start-method",
+    "spawn",
+    "--static",
+    "--format",
+    "json",
+]
 
 
 def predict() -> tuple[float, str]:

@@ -58,8 +58,11 @@ class Hog:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Hog:
-        self.proc = subprocess.Popen([sys.executable, "-c", HOG, str(self.duty), str(self.period)],  # noqa: S603
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOG, str(self.duty), str(self.period)],  # noqa: S603
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -92,8 +95,9 @@ def tuner(loader: Any, max_workers: int, seconds: float, max_runs: int | None = 
     from torchdoctor.probes.tune import MAX_RUNS, tune
 
     start = time.perf_counter()
-    result = tune(loader, max_workers, seconds, lambda kind, data: None,
-                  max_runs=MAX_RUNS if max_runs is None else max_runs)
+    result = tune(
+        loader, max_workers, seconds, lambda kind, data: None, max_runs=MAX_RUNS if max_runs is None else max_runs
+    )
     return result, time.perf_counter() - start
 
 
@@ -109,8 +113,11 @@ def load() -> str:
 
 
 def runs_text(result: dict[str, Any]) -> str:
-    return "  ".join(f"{p['num_workers']}{'/pf' + str(p['prefetch_factor']) if p['prefetch_factor'] == 4 else ''}"
-                     f":{p['samples_per_s']:,.0f}" for p in result["points"])
+    return "  ".join(
+        f"{p['num_workers']}{'/pf' + str(p['prefetch_factor']) if p['prefetch_factor'] == 4 else ''}"
+        f":{p['samples_per_s']:,.0f}"
+        for p in result["points"]
+    )
 
 
 def plain(args: argparse.Namespace, tune_targets: Any) -> bool:
@@ -127,13 +134,20 @@ def plain(args: argparse.Namespace, tune_targets: Any) -> bool:
         print(f"== {name} ({load()})")
         print("   sweep  : " + "  ".join(f"{w}:{v:,.0f}" for w, v in measured.items()))
         print("   tuner  : " + runs_text(result))
-        print(f"   sweep best  num_workers={best_w}: {measured[best_w]:,.0f} samples/s in {s_time:.1f} s "
-              f"({args.max_workers + 1} settings)")
-        print(f"   tuner chose num_workers={chosen} (prefetch_factor={result['chosen']['prefetch_factor']}): "
-              f"{measured[chosen]:,.0f} samples/s in the sweep, found in {t_time:.1f} s ({len(result['points'])} runs "
-              f"of {len(result['settings'])} settings, {result['repeats']} repeated)")
-        print(f"   quality {quality:.3f} (target >= 0.95: {'PASS' if quality >= 0.95 else 'FAIL'})   "
-              f"time ratio {cost:.3f} (target <= 0.50: {'PASS' if cost <= 0.5 else 'FAIL'})", flush=True)
+        print(
+            f"   sweep best  num_workers={best_w}: {measured[best_w]:,.0f} samples/s in {s_time:.1f} s "
+            f"({args.max_workers + 1} settings)"
+        )
+        print(
+            f"   tuner chose num_workers={chosen} (prefetch_factor={result['chosen']['prefetch_factor']}): "
+            f"{measured[chosen]:,.0f} samples/s in the sweep, found in {t_time:.1f} s ({len(result['points'])} runs "
+            f"of {len(result['settings'])} settings, {result['repeats']} repeated)"
+        )
+        print(
+            f"   quality {quality:.3f} (target >= 0.95: {'PASS' if quality >= 0.95 else 'FAIL'})   "
+            f"time ratio {cost:.3f} (target <= 0.50: {'PASS' if cost <= 0.5 else 'FAIL'})",
+            flush=True,
+        )
     return ok
 
 
@@ -141,8 +155,10 @@ def hogged(args: argparse.Namespace, tune_targets: Any) -> bool:
     ok = True
     for name in args.loaders:
         loader = getattr(tune_targets, name)()
-        print(f"== {name}: tuning beside a CPU hog (duty {args.hog_duty}, bursts ~{args.hog_period} s; {load()})",
-              flush=True)
+        print(
+            f"== {name}: tuning beside a CPU hog (duty {args.hog_duty}, bursts ~{args.hog_period} s; {load()})",
+            flush=True,
+        )
         results: dict[str, tuple[dict[str, Any], float]] = {}
         with Hog(args.hog_duty, args.hog_period) as hog:
             assert hog.proc is not None
@@ -152,12 +168,15 @@ def hogged(args: argparse.Namespace, tune_targets: Any) -> bool:
                 results["single run"] = tuner(loader, args.max_workers, args.seconds, max_runs=1)
         for label, (result, secs) in results.items():
             print(f"   tuner ({label}) under the hog, {secs:.1f} s, {len(result['points'])} runs: {runs_text(result)}")
-            print(f"      chose {pick(result)} at {result['chosen']['samples_per_s']:,.0f} samples/s "
-                  f"(settled: {result['settled']})", flush=True)
+            print(
+                f"      chose {pick(result)} at {result['chosen']['samples_per_s']:,.0f} samples/s "
+                f"(settled: {result['settled']})",
+                flush=True,
+            )
         print(f"   hog stopped ({load()})", flush=True)
         swept, s_time = sweep(loader, args.max_workers, args.seconds)
         print("   quiet sweep: " + "  ".join(f"{w}:{v:,.0f}" for w, v in swept.items()) + f"  ({s_time:.1f} s)")
-        keys: list[Key] = [(w, None) for w in sorted(swept, key=lambda w: -swept[w])[:args.top]]
+        keys: list[Key] = [(w, None) for w in sorted(swept, key=lambda w: -swept[w])[: args.top]]
         for result, _ in results.values():
             if pick(result) not in keys:
                 keys.append(pick(result))
@@ -167,15 +186,22 @@ def hogged(args: argparse.Namespace, tune_targets: Any) -> bool:
                 quiet[k].append(measure(loader, k, args.seconds))
         value = {k: median(v) for k, v in quiet.items()}
         best = max(value, key=lambda k: value[k])
-        print("   quiet re-measure (median of " + str(args.quiet_runs) + "): " + "  ".join(
-            f"{k[0]}{'/pf' + str(k[1]) if k[1] else ''}:{value[k]:,.0f}" for k in keys))
+        print(
+            "   quiet re-measure (median of "
+            + str(args.quiet_runs)
+            + "): "
+            + "  ".join(f"{k[0]}{'/pf' + str(k[1]) if k[1] else ''}:{value[k]:,.0f}" for k in keys)
+        )
         for label, (result, _) in results.items():
             ratio = value[pick(result)] / value[best]
             verdict = "PASS" if ratio >= 0.95 else "FAIL"
             if label == "repeating":
                 ok &= ratio >= 0.95
-            print(f"   {label}: pick {pick(result)} quiet {value[pick(result)]:,.0f} / best {best} quiet "
-                  f"{value[best]:,.0f} = ratio {ratio:.3f} (target >= 0.95: {verdict})", flush=True)
+            print(
+                f"   {label}: pick {pick(result)} quiet {value[pick(result)]:,.0f} / best {best} quiet "
+                f"{value[best]:,.0f} = ratio {ratio:.3f} (target >= 0.95: {verdict})",
+                flush=True,
+            )
     return ok
 
 

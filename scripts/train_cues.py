@@ -32,7 +32,7 @@ HEADER_END = "# ---"
 
 def body(path: Path) -> str:
     lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
-    return "\n".join(lines[lines.index(HEADER_END) + 1:]) if HEADER_END in lines else "\n".join(lines)
+    return "\n".join(lines[lines.index(HEADER_END) + 1 :]) if HEADER_END in lines else "\n".join(lines)
 
 
 def documents(skip: Path | None = None) -> Iterator[tuple[str, str, str | None]]:
@@ -71,8 +71,10 @@ def leave_one_out() -> int:
         b[0] += ok
         b[1] += 1
     n = len(tune)
-    print(f"tuning half, leave-one-out, the word guess alone: right {right}/{n} ({right / n:.1%}), "
-          f"wrong {wrong}, silent {silent}")
+    print(
+        f"tuning half, leave-one-out, the word guess alone: right {right}/{n} ({right / n:.1%}), "
+        f"wrong {wrong}, silent {silent}"
+    )
     for conf, (ok, total) in sorted(buckets.items()):
         print(f"  confidence ~{conf:.1f}: {ok}/{total} right")
     return 0

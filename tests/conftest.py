@@ -16,7 +16,9 @@ pytest.register_assert_rewrite("tests.support")
 from .support import FIXTURES, REPO  # noqa: F401  (the test modules import them from here)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, **kw: Any
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, the way a user does."""
     full_env = dict(os.environ)
     full_env.pop("NO_COLOR", None)
@@ -25,7 +27,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
         full_env.update(env)
     return subprocess.run(
         [sys.executable, "-m", "torchdoctor", *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, **kw,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        **kw,
     )
 
 
@@ -72,6 +78,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 pass
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"FAILED: the test run leaked {len(leaked)} torch segment(s) into the real /dev/shm "
-                                f"(removed): {', '.join(leaked[:5])}", red=True)
+            reporter.write_line(
+                f"FAILED: the test run leaked {len(leaked)} torch segment(s) into the real /dev/shm "
+                f"(removed): {', '.join(leaked[:5])}",
+                red=True,
+            )
         session.exitstatus = 1

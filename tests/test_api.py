@@ -11,7 +11,9 @@ def test_all_is_exactly_the_public_api() -> None:
     assert sorted(torchdoctor.__all__) == sorted(set(torchdoctor.__all__))
     for name in torchdoctor.__all__:
         assert hasattr(torchdoctor, name), name
-    assert {"check", "gather", "run_checks", "Finding", "Severity", "Facts", "lookup", "all_codes"} <= set(torchdoctor.__all__)
+    assert {"check", "gather", "run_checks", "Finding", "Severity", "Facts", "lookup", "all_codes"} <= set(
+        torchdoctor.__all__
+    )
 
 
 def test_crashing_check_becomes_a_finding_about_itself() -> None:

@@ -29,8 +29,19 @@ from torchdoctor.registry import Code, all_codes
 
 from .conftest import FIXTURES, run_cli
 
-SYSTEM_PATHS = ("/etc/passwd", "/usr", "/", "/boot", "/var/lib", "/etc", "/usr/lib/x86_64-linux-gnu", "/tmp",
-                "/home", "/dev/shm", "/var")
+SYSTEM_PATHS = (
+    "/etc/passwd",
+    "/usr",
+    "/",
+    "/boot",
+    "/var/lib",
+    "/etc",
+    "/usr/lib/x86_64-linux-gnu",
+    "/tmp",
+    "/home",
+    "/dev/shm",
+    "/var",
+)
 GiB = 1024**3
 
 # -- what counts as unsafe --------------------------------------------------------------------------------
@@ -50,11 +61,14 @@ def destructive(text: str) -> list[str]:
     """Commands that move, delete, truncate or overwrite, or change owners or modes recursively."""
     bad = []
     for cmd in commands(text):
-        if (_AT_COMMAND.search(cmd)
-                or re.search(r"\bfind\b.*\s-(delete|exec\s+rm)\b", cmd)
-                or re.search(rf"\b({'|'.join(_OWNER)})\b[^;&|]*\s(-\w*R\w*|--recursive)\b", cmd)
-                or re.search(r"(?:^|\s)\d?>>?\s*[\w/~$\"']", cmd) or re.search(r"\btee\b", cmd)
-                or _PY_DELETE.search(cmd)):
+        if (
+            _AT_COMMAND.search(cmd)
+            or re.search(r"\bfind\b.*\s-(delete|exec\s+rm)\b", cmd)
+            or re.search(rf"\b({'|'.join(_OWNER)})\b[^;&|]*\s(-\w*R\w*|--recursive)\b", cmd)
+            or re.search(r"(?:^|\s)\d?>>?\s*[\w/~$\"']", cmd)
+            or re.search(r"\btee\b", cmd)
+            or _PY_DELETE.search(cmd)
+        ):
             bad.append(cmd)
     return bad
 
@@ -73,27 +87,72 @@ def touches_system(text: str) -> list[str]:
 
 def test_the_detectors_catch_what_they_must() -> None:
     # the fixes users were shown before (issue 4), and the usual ways to destroy a file
-    for unsafe in ("`mv /etc/passwd /etc/passwd.old && mkdir -p /etc/passwd`",
-                   "`find /dev/shm -maxdepth 1 -name 'torch_*' -user $USER -delete`",
-                   "`sudo chown -R $(id -u):$(id -g) /`", "`rm -rf /var/lib/x`", "`sudo rm /x`", "`echo 1 > /x`",
-                   "`dd if=/dev/zero of=/dev/sda`", "`mkfs.ext4 /dev/sdb1`", "`shutil.rmtree(path)`",
-                   "`: > /var/log/syslog`", "`echo x | sudo tee /etc/x`"):
+    for unsafe in (
+        "`mv /etc/passwd /etc/passwd.old && mkdir -p /etc/passwd`",
+        "`find /dev/shm -maxdepth 1 -name 'torch_*' -user $USER -delete`",
+        "`sudo chown -R $(id -u):$(id -g) /`",
+        "`rm -rf /var/lib/x`",
+        "`sudo rm /x`",
+        "`echo 1 > /x`",
+        "`dd if=/dev/zero of=/dev/sda`",
+        "`mkfs.ext4 /dev/sdb1`",
+        "`shutil.rmtree(path)`",
+        "`: > /var/log/syslog`",
+        "`echo x | sudo tee /etc/x`",
+    ):
         assert destructive(unsafe), unsafe
-    for unsafe in ("`sudo chown 1000:1000 /usr`", "`chmod u+w /etc`", "`sudo chattr -i -a /boot`",
-                   "`sudo mount -o remount,rw /`", "`mv /etc/passwd /tmp/x`"):
+    for unsafe in (
+        "`sudo chown 1000:1000 /usr`",
+        "`chmod u+w /etc`",
+        "`sudo chattr -i -a /boot`",
+        "`sudo mount -o remount,rw /`",
+        "`mv /etc/passwd /tmp/x`",
+    ):
         assert touches_system(unsafe), unsafe
-    for safe in ("`du -xsh /* | sort -h | tail`", "`ls -l /dev/shm/torch_12_*`", "`mkdir -p $HOME/checkpoints`",
-                 "`sudo chown $(id -u):$(id -g) /home/alice/ckpt`", "`--memory=<size>`", "`--nproc-per-node=<N> x`",
-                 "`os.replace(tmp, path)`", "`dmesg -T | grep -i 'killed process'`", "`lsattr -d /etc`"):
+    for safe in (
+        "`du -xsh /* | sort -h | tail`",
+        "`ls -l /dev/shm/torch_12_*`",
+        "`mkdir -p $HOME/checkpoints`",
+        "`sudo chown $(id -u):$(id -g) /home/alice/ckpt`",
+        "`--memory=<size>`",
+        "`--nproc-per-node=<N> x`",
+        "`os.replace(tmp, path)`",
+        "`dmesg -T | grep -i 'killed process'`",
+        "`lsattr -d /etc`",
+    ):
         assert not destructive(safe) and not touches_system(safe), safe
 
 
 def test_system_paths() -> None:
-    for p in ("/", "/etc/passwd", "/usr", "/usr/lib/x", "/boot", "/var/lib", "/var/lib/docker", "/tmp", "/home",
-              "/dev/shm", "/opt", "/root", "/etc/../usr", "relative/path"):
+    for p in (
+        "/",
+        "/etc/passwd",
+        "/usr",
+        "/usr/lib/x",
+        "/boot",
+        "/var/lib",
+        "/var/lib/docker",
+        "/tmp",
+        "/home",
+        "/dev/shm",
+        "/opt",
+        "/root",
+        "/etc/../usr",
+        "relative/path",
+    ):
         assert is_system_path(p), p
-    for p in ("/tmp/run1", "/var/tmp/x", "/dev/shm/x", "/home/alice/ckpt", "/opt/ml/checkpoints", "/ckpt",
-              "/data/run", "/scratch/alice", "/mnt/nfs/ckpt", "/root/ckpt"):
+    for p in (
+        "/tmp/run1",
+        "/var/tmp/x",
+        "/dev/shm/x",
+        "/home/alice/ckpt",
+        "/opt/ml/checkpoints",
+        "/ckpt",
+        "/data/run",
+        "/scratch/alice",
+        "/mnt/nfs/ckpt",
+        "/root/ckpt",
+    ):
         assert not is_system_path(p), p
     assert system_root("/usr/lib/x") == "/usr" and system_root("/tmp/x") is None
 
@@ -128,7 +187,7 @@ def test_every_fix_is_safe_for_system_paths(code: str) -> None:
         assert touches_system(fix) == [], f"{c.code} with {path}: {fix}"
         if "sysctl -w" in fix:
             assert c.area != "storage", f"{c.code}: sysctl is system-wide, never a fix for a path"
-            before = fix[:fix.index("sysctl -w")]
+            before = fix[: fix.index("sysctl -w")]
             assert re.search(r"root|administer", before) and "host" in before, f"{c.code}: sysctl not advised as such"
     if c.code in LOG_MODULE_EXCEPTIONS and _module(c) == "log":
         pytest.xfail(LOG_MODULE_EXCEPTIONS[c.code])
@@ -136,18 +195,53 @@ def test_every_fix_is_safe_for_system_paths(code: str) -> None:
 
 
 # -- the real checks, on path entries for system paths in every state they report ----------------------------
-def _entry(path: str, *, mount_point: str = "/", exists: bool | None = True, is_dir: bool | None = True,
-           write_test: dict[str, Any] | None = None, fstype: str = "ext4", kind: str = "local",
-           free: int = 100 * GiB, inodes_free: int = 10_000_000, ro: bool = False, **extra: Any) -> dict[str, Any]:
+def _entry(
+    path: str,
+    *,
+    mount_point: str = "/",
+    exists: bool | None = True,
+    is_dir: bool | None = True,
+    write_test: dict[str, Any] | None = None,
+    fstype: str = "ext4",
+    kind: str = "local",
+    free: int = 100 * GiB,
+    inodes_free: int = 10_000_000,
+    ro: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
     """One entry of the paths section, shaped like facts/paths.py writes it."""
     e: dict[str, Any] = {
-        "path": path, "abspath": path, "exists": exists, "is_dir": is_dir, "is_symlink": False, "writable": None,
-        "creatable": None, "nearest_existing": None, "missing_levels": 0, "owner": {"uid": 0, "gid": 0, "mode": "0755"},
-        "write_test": write_test or {"ok": True, "where": path}, "stat_error": None, "timed_out": False,
-        "fs": {"checked_at": path, "free_bytes": free, "total_bytes": 500 * GiB, "inodes_free": inodes_free,
-               "inodes_total": 20_000_000, "read_only": ro, "fsid": hash(mount_point) & 0xFFFF},
-        "mount": {"mount_point": mount_point, "fstype": fstype, "source": "/dev/sda1", "options": ["ro" if ro else "rw"]},
-        "fstype": fstype, "fs_kind": kind, "mount_read_only": ro,
+        "path": path,
+        "abspath": path,
+        "exists": exists,
+        "is_dir": is_dir,
+        "is_symlink": False,
+        "writable": None,
+        "creatable": None,
+        "nearest_existing": None,
+        "missing_levels": 0,
+        "owner": {"uid": 0, "gid": 0, "mode": "0755"},
+        "write_test": write_test or {"ok": True, "where": path},
+        "stat_error": None,
+        "timed_out": False,
+        "fs": {
+            "checked_at": path,
+            "free_bytes": free,
+            "total_bytes": 500 * GiB,
+            "inodes_free": inodes_free,
+            "inodes_total": 20_000_000,
+            "read_only": ro,
+            "fsid": hash(mount_point) & 0xFFFF,
+        },
+        "mount": {
+            "mount_point": mount_point,
+            "fstype": fstype,
+            "source": "/dev/sda1",
+            "options": ["ro" if ro else "rw"],
+        },
+        "fstype": fstype,
+        "fs_kind": kind,
+        "mount_read_only": ro,
     }
     e.update(extra)
     return e
@@ -158,20 +252,38 @@ ERRNOS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ESTALE", "ENOTDIR", "
 
 def _entries_for(sp: str) -> list[dict[str, Any]]:
     child = sp.rstrip("/") + "/ckpt"
-    out = [_entry(sp, is_dir=False, write_test={"ok": None}),  # a file where a directory is expected (TD603)
-           _entry(sp, mount_point=sp, ro=True),  # read-only mount (TD605)
-           _entry(sp, mount_point=sp, free=10 * 1024**2),  # little space (TD607/TD608)
-           _entry(sp, mount_point=sp, inodes_free=0),  # no inodes (TD609)
-           _entry(sp, mount_point=sp, fstype="nfs4", kind="network"),
-           _entry(sp, mount_point=sp, fstype="overlay", kind="overlay"),
-           _entry(sp, mount_point=sp, fstype="tmpfs", kind="memory"),
-           {**_entry(sp), "timed_out": True, "timeout_seconds": 3.0},
-           _entry(child, exists=False, is_dir=None, creatable=True, nearest_existing=sp, missing_levels=1,
-                  write_test={"ok": True, "where": sp})]  # can be created (as root): TD602
+    out = [
+        _entry(sp, is_dir=False, write_test={"ok": None}),  # a file where a directory is expected (TD603)
+        _entry(sp, mount_point=sp, ro=True),  # read-only mount (TD605)
+        _entry(sp, mount_point=sp, free=10 * 1024**2),  # little space (TD607/TD608)
+        _entry(sp, mount_point=sp, inodes_free=0),  # no inodes (TD609)
+        _entry(sp, mount_point=sp, fstype="nfs4", kind="network"),
+        _entry(sp, mount_point=sp, fstype="overlay", kind="overlay"),
+        _entry(sp, mount_point=sp, fstype="tmpfs", kind="memory"),
+        {**_entry(sp), "timed_out": True, "timeout_seconds": 3.0},
+        _entry(
+            child,
+            exists=False,
+            is_dir=None,
+            creatable=True,
+            nearest_existing=sp,
+            missing_levels=1,
+            write_test={"ok": True, "where": sp},
+        ),
+    ]  # can be created (as root): TD602
     for err in ERRNOS:
         failed = {"ok": False, "where": sp, "errno": err, "step": "open", "message": os.strerror(1)}
-        out.append(_entry(child, exists=False, is_dir=None, creatable=False, nearest_existing=sp, missing_levels=1,
-                          write_test=failed))  # cannot be created below a system path (TD601)
+        out.append(
+            _entry(
+                child,
+                exists=False,
+                is_dir=None,
+                creatable=False,
+                nearest_existing=sp,
+                missing_levels=1,
+                write_test=failed,
+            )
+        )  # cannot be created below a system path (TD601)
         out.append(_entry(sp, mount_point=sp, write_test=failed))  # not writable (TD604, TD605, TD606)
     return out
 
@@ -196,7 +308,9 @@ def test_a_users_own_directory_still_gets_a_concrete_command() -> None:
     """Safe is not empty: a directory outside the system trees gets the (non-recursive) command that fixes it."""
     d = "/home/alice/ckpt"
     failed = {"ok": False, "where": d, "errno": "EACCES", "step": "open", "message": "Permission denied"}
-    facts = Facts.from_dict({"meta": {"schema_version": 1}, "paths": {"euid": 1000, "entries": [_entry(d, write_test=failed)]}})
+    facts = Facts.from_dict(
+        {"meta": {"schema_version": 1}, "paths": {"euid": 1000, "entries": [_entry(d, write_test=failed)]}}
+    )
     td604 = next(f for f in run_checks(facts) if f.code == "TD604")
     assert f"`sudo chown $(id -u):$(id -g) {d}`" in td604.fix and "-R" not in td604.fix
     # ... but not through a symbolic link, whose target could be anything
@@ -207,9 +321,15 @@ def test_a_users_own_directory_still_gets_a_concrete_command() -> None:
 
 
 def test_leaked_segments_fix_lists_and_deletes_nothing() -> None:
-    facts = Facts.from_dict({"meta": {"schema_version": 1}, "shm": {
-        "exists": True, "torch_segments": {"count": 3, "bytes": 3 * 4096, "owner_pids": [4242, 4343],
-                                           "owners_alive": []}}})
+    facts = Facts.from_dict(
+        {
+            "meta": {"schema_version": 1},
+            "shm": {
+                "exists": True,
+                "torch_segments": {"count": 3, "bytes": 3 * 4096, "owner_pids": [4242, 4343], "owners_alive": []},
+            },
+        }
+    )
     td104 = next(f for f in run_checks(facts) if f.code == "TD104")
     assert "`ls -l /dev/shm/torch_4242_* /dev/shm/torch_4343_*`" in td104.fix
     assert destructive(td104.fix) == [] and "-delete" not in td104.fix

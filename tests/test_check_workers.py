@@ -44,22 +44,40 @@ def test_the_reported_case_more_workers_than_cpus_warns() -> None:
     assert _td570(run_json("check", "--no-torch", "--num-workers", "0")) is None
 
 
-@pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2, reason="needs taskset and 2 CPUs")
+@pytest.mark.skipif(
+    shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2, reason="needs taskset and 2 CPUs"
+)
 def test_the_affinity_mask_is_respected() -> None:
     """A real affinity mask of one CPU (taskset): two workers are already too many."""
-    argv = ["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m", "torchdoctor", "check",
-            "--no-torch", "--num-workers", "2", "--format", "json"]
+    argv = [
+        "taskset",
+        "-c",
+        str(min(os.sched_getaffinity(0))),
+        sys.executable,
+        "-m",
+        "torchdoctor",
+        "check",
+        "--no-torch",
+        "--num-workers",
+        "2",
+        "--format",
+        "json",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     f = _td570(json.loads(proc.stdout))
     assert f is not None and "more than the 1 CPUs" in f["message"]
-    assert {"label": "CPUs this process may run on", "value": 1, "source": "/proc/self/status Cpus_allowed_list"} in f["evidence"]
+    assert {"label": "CPUs this process may run on", "value": 1, "source": "/proc/self/status Cpus_allowed_list"} in f[
+        "evidence"
+    ]
 
 
 def test_the_cgroup_cpu_quota_is_respected() -> None:
     rel = str(K8S.relative_to(REPO))
     doc = run_json("check", "--facts", rel, "--num-workers", "3", cwd=REPO)
     f = _td570(doc)
-    assert f is not None and "more than the 2 CPUs this process may use (limited by its cgroup CPU quota)" in f["message"]
+    assert (
+        f is not None and "more than the 2 CPUs this process may use (limited by its cgroup CPU quota)" in f["message"]
+    )
     assert {"label": "cgroup CPU quota (CPUs)", "value": "2", "source": "/sys/fs/cgroup/cpu.max"} in f["evidence"]
     # 64 CPUs are visible, but the quota decides: 2 workers fit, and are listed as fine
     ok = run_json("check", "--facts", rel, "--num-workers", "2", cwd=REPO)
@@ -69,8 +87,14 @@ def test_the_cgroup_cpu_quota_is_respected() -> None:
 
 def test_training_processes_multiply_the_workers() -> None:
     facts = Facts.load(K8S)
-    facts.data["cpu"] = {**facts.data["cpu"], "cgroup_quota_cpus": None, "usable_cores": 8, "usable_threads": 8,
-                         "affinity_cores": 8, "usable_limited_by": "affinity"}
+    facts.data["cpu"] = {
+        **facts.data["cpu"],
+        "cgroup_quota_cpus": None,
+        "usable_cores": 8,
+        "usable_threads": 8,
+        "affinity_cores": 8,
+        "usable_limited_by": "affinity",
+    }
     codes = [c for c in preflight_codes() if c.code == "TD570"]
     assert run_checks(facts, CheckOptions(num_workers=2, nproc_per_node=4), codes=codes) == []
     [f] = run_checks(facts, CheckOptions(num_workers=3, nproc_per_node=4), codes=codes)
@@ -93,8 +117,8 @@ def test_codes_tells_td570_is_also_a_preflight_check() -> None:
     text = run_cli("codes", "TD570").stdout
     assert "What `torchdoctor check` says before the run" in text
     md = (REPO / "docs" / "codes.md").read_text(encoding="utf-8")
-    section = md[md.index("## TD570 "):]
-    section = section[:section.index("\n## ", 5)]
+    section = md[md.index("## TD570 ") :]
+    section = section[: section.index("\n## ", 5)]
     assert "preflight check" in section and "What `torchdoctor check` says before the run" in section
 
 

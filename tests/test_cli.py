@@ -115,9 +115,14 @@ def test_text_report_has_no_colour_codes_when_piped() -> None:
 
 
 def test_facts_redacts_secrets_and_url_credentials() -> None:
-    env = {"HF_TOKEN": "hf_abcdefgh", "WANDB_API_KEY": "k-123", "DB_PASSWORD": "pw",
-           "MY_AUTH_HEADER": "Bearer x", "PIP_INDEX_URL": "https://alice:s3cret@pypi.example/simple",
-           "HARMLESS": "visible"}
+    env = {
+        "HF_TOKEN": "hf_abcdefgh",
+        "WANDB_API_KEY": "k-123",
+        "DB_PASSWORD": "pw",
+        "MY_AUTH_HEADER": "Bearer x",
+        "PIP_INDEX_URL": "https://alice:s3cret@pypi.example/simple",
+        "HARMLESS": "visible",
+    }
     proc = run_cli("facts", "--no-torch", env=env)
     assert proc.returncode == 0
     data = json.loads(proc.stdout)
@@ -170,7 +175,9 @@ def test_check_does_not_import_torch() -> None:
     assert proc.stdout.strip() == "False"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to become an unprivileged user")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to become an unprivileged user"
+)
 def test_check_survives_a_process_limit_that_refuses_threads() -> None:
     """RLIMIT_NPROC as an unprivileged user: no thread can start, the check still reports (inline gathering)."""
     import resource
@@ -181,8 +188,21 @@ def test_check_survives_a_process_limit_that_refuses_threads() -> None:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (tasks + 1, tasks + 1))
 
-    argv = ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
-            sys.executable, "-m", "torchdoctor", "check", "--no-torch", "--format", "json", "--fail-on", "never"]
+    argv = [
+        "setpriv",
+        f"--reuid={nobody}",
+        f"--regid={nobody}",
+        "--clear-groups",
+        sys.executable,
+        "-m",
+        "torchdoctor",
+        "check",
+        "--no-torch",
+        "--format",
+        "json",
+        "--fail-on",
+        "never",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=limit, cwd="/")
     if "Permission denied" in proc.stderr and proc.returncode == 126:
         pytest.skip(f"uid {nobody} cannot run {sys.executable} here")

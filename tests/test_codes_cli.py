@@ -29,12 +29,15 @@ def test_a_code_far_from_every_code_gets_no_unrelated_suggestion() -> None:
     assert "no code is close to it" in line and "`torchdoctor codes` lists them all" in line
 
 
-@pytest.mark.parametrize("key, expected", [
-    ("TD165", "TD156"),  # two digits swapped
-    ("TD105", "TD104"),  # a neighbour in the same hundred
-    ("TD370", "TD365"),  # the nearest of the hundred, within reach
-    ("102", "TD102"),  # the number without TD
-])
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("TD165", "TD156"),  # two digits swapped
+        ("TD105", "TD104"),  # a neighbour in the same hundred
+        ("TD370", "TD365"),  # the nearest of the hundred, within reach
+        ("102", "TD102"),  # the number without TD
+    ],
+)
 def test_close_codes_are_suggested(key: str, expected: str) -> None:
     line = _one_line_error(key)
     assert "did you mean" in line and expected in line.split("did you mean", 1)[1], line

@@ -27,23 +27,36 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 # -- parsing and the estimate rule -------------------------------------------------------------
-@pytest.mark.parametrize("value, expected", [
-    ("4", 4), (" 8 ", 8), ("4,2", 4), ("0", None), ("abc", None), ("", None), ("-1", None), (None, None),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("4", 4),
+        (" 8 ", 8),
+        ("4,2", 4),
+        ("0", None),
+        ("abc", None),
+        ("", None),
+        ("-1", None),
+        (None, None),
+    ],
+)
 def test_env_threads(value: str | None, expected: int | None) -> None:
     assert cpu.env_threads(value) == expected
 
 
-@pytest.mark.parametrize("env, physical, affinity, machine, expected", [
-    ({}, 32, 64, "x86_64", 32),
-    ({}, 32, 4, "x86_64", 4),
-    ({"OMP_NUM_THREADS": "3"}, 2, 2, "x86_64", 2),
-    ({"OMP_NUM_THREADS": "3", "MKL_DYNAMIC": "FALSE"}, 2, 2, "x86_64", 3),
-    ({"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}, 8, 8, "x86_64", 1),
-    ({"OMP_NUM_THREADS": "0"}, 8, 8, "x86_64", 8),
-    ({}, 16, 4, "aarch64", 16),
-    ({"OMP_NUM_THREADS": "6"}, 16, 4, "aarch64", 6),
-])
+@pytest.mark.parametrize(
+    "env, physical, affinity, machine, expected",
+    [
+        ({}, 32, 64, "x86_64", 32),
+        ({}, 32, 4, "x86_64", 4),
+        ({"OMP_NUM_THREADS": "3"}, 2, 2, "x86_64", 2),
+        ({"OMP_NUM_THREADS": "3", "MKL_DYNAMIC": "FALSE"}, 2, 2, "x86_64", 3),
+        ({"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}, 8, 8, "x86_64", 1),
+        ({"OMP_NUM_THREADS": "0"}, 8, 8, "x86_64", 8),
+        ({}, 16, 4, "aarch64", 16),
+        ({"OMP_NUM_THREADS": "6"}, 16, 4, "aarch64", 6),
+    ],
+)
 def test_estimate_rule(env: dict[str, str], physical: int, affinity: int, machine: str, expected: int) -> None:
     value, rule = cpu.estimate_torch_threads(env, physical, affinity, machine)
     assert value == expected and rule
@@ -80,8 +93,15 @@ def _in_child(code: str, env: dict[str, str] | None = None, cpus: set[int] | Non
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
 
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=180, env=full, preexec_fn=pin, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=full,
+        preexec_fn=pin,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -120,12 +140,15 @@ def test_estimate_equals_real_torch_get_num_threads(env: dict[str, str], cpus: s
 
 
 def test_real_affinity_is_read_in_a_pinned_child() -> None:
-    got = _in_child("""
+    got = _in_child(
+        """
         import json
         from torchdoctor.facts import GatherContext
         from torchdoctor.facts import cpu
         print(json.dumps(cpu.gather(GatherContext())))
-    """, cpus={0})
+    """,
+        cpus={0},
+    )
     assert got["affinity_cores"] == 1 and got["affinity_list"] == "0" and got["usable_cores"] == 1
 
 
@@ -139,34 +162,51 @@ def test_cv2_absent_is_reported_as_not_installed() -> None:
 def test_cv2_probe_runs_in_a_child_never_in_process(tmp_path: Path) -> None:
     # A stand-in module named cv2 (OpenCV is not installed here): tests the probe's plumbing, i.e.
     # that the count comes from a child interpreter and cv2 is never imported by torchdoctor.
-    (tmp_path / "cv2.py").write_text("import os\n__version__ = 'stub'\n"
-                                     "def getNumThreads(): return int(os.environ['STUB_CV2_THREADS'])\n"
-                                     "def getNumberOfCPUs(): return os.cpu_count()\n")
+    (tmp_path / "cv2.py").write_text(
+        "import os\n__version__ = 'stub'\n"
+        "def getNumThreads(): return int(os.environ['STUB_CV2_THREADS'])\n"
+        "def getNumberOfCPUs(): return os.cpu_count()\n"
+    )
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "STUB_CV2_THREADS": "7"}
-    got = _in_child("""
+    got = _in_child(
+        """
         import json, sys
         from torchdoctor.facts import GatherContext
         from torchdoctor.facts import cpu
         out = cpu.cv2_threads(GatherContext())
         out["imported_here"] = "cv2" in sys.modules
         print(json.dumps(out))
-    """, env)
+    """,
+        env,
+    )
     assert got["installed"] is True and got["threads"] == 7 and got["imported_here"] is False
-    skipped = _in_child("""
+    skipped = _in_child(
+        """
         import json
         from torchdoctor.facts import GatherContext
         from torchdoctor.facts import cpu
         print(json.dumps(cpu.cv2_threads(GatherContext(torch=False))))
-    """, env)
+    """,
+        env,
+    )
     assert skipped == {"installed": True, "threads": None}
 
 
 # -- pure checks -------------------------------------------------------------------------------
 def facts(**cpu_fields: Any) -> Facts:
-    base: dict[str, Any] = {"logical_cores": 16, "physical_cores": 8, "affinity_cores": 16, "cgroup_quota_cpus": None,
-                            "usable_cores": 16, "usable_threads": 16, "usable_limited_by": "logical",
-                            "thread_env": {"OMP_NUM_THREADS": "4"}, "torch_threads_estimate": 4,
-                            "torch_threads_rule": "OMP_NUM_THREADS=4", "cv2": {"installed": False}}
+    base: dict[str, Any] = {
+        "logical_cores": 16,
+        "physical_cores": 8,
+        "affinity_cores": 16,
+        "cgroup_quota_cpus": None,
+        "usable_cores": 16,
+        "usable_threads": 16,
+        "usable_limited_by": "logical",
+        "thread_env": {"OMP_NUM_THREADS": "4"},
+        "torch_threads_estimate": 4,
+        "torch_threads_rule": "OMP_NUM_THREADS=4",
+        "cv2": {"installed": False},
+    }
     base.update(cpu_fields)
     return Facts.from_dict({"meta": {"schema_version": 1}, "host": {"env": {}}, "cpu": copy.deepcopy(base)})
 
@@ -187,8 +227,13 @@ def test_td250_ranks_times_pool() -> None:
 
 
 def test_td251_quota_below_visible() -> None:
-    quota = dict(cgroup_quota_cpus=2.0, usable_cores=2, usable_threads=2, usable_limited_by="cgroup-quota",
-                 torch_threads_estimate=8)
+    quota = dict(
+        cgroup_quota_cpus=2.0,
+        usable_cores=2,
+        usable_threads=2,
+        usable_limited_by="cgroup-quota",
+        torch_threads_estimate=8,
+    )
     hit = found(facts(**quota))
     assert "TD251" in hit and "2 CPUs of run time but 16" in hit["TD251"].message
     assert "OMP_NUM_THREADS=2" in hit["TD251"].fix

@@ -36,6 +36,7 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 # -- helpers ----------------------------------------------------------------------------------
 
+
 def dist_facts(env: dict[str, str], *, dist: bool = False, extra: dict[str, Any] | None = None) -> Facts:
     """Facts whose "dist" section comes from the real gatherer run on ``env``."""
     ctx = GatherContext(env=env, torch=False, dist=dist)
@@ -69,11 +70,20 @@ def full(**kw: str) -> dict[str, str]:
     return {**FULL, "MASTER_PORT": str(free_port()), **kw}
 
 
-SLURM_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "8",
-              "SLURM_LOCALID": "3", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu[01-02]"}
+SLURM_TASK = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "8",
+    "SLURM_LOCALID": "3",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "0",
+    "SLURM_JOB_NODELIST": "gpu[01-02]",
+}
 
 
 # -- facts ------------------------------------------------------------------------------------
+
 
 def test_inactive_environment_gathers_little() -> None:
     out = dist_env.gather(GatherContext(env={"PATH": "/usr/bin", "HOME": "/root"}, torch=False))
@@ -82,8 +92,16 @@ def test_inactive_environment_gathers_little() -> None:
 
 
 def test_raw_strings_kept_and_bad_ints_are_data() -> None:
-    env = {"RANK": "${SLURM_PROCID}", "WORLD_SIZE": " 4 ", "MASTER_PORT": "29500x", "NCCL_DEBUG": "INFO",
-           "NCCL_IB_HCA": "mlx5_0", "SLURM_NTASKS_PER_NODE": "2(x3),1", "AWS_SECRET_ACCESS_KEY": "x", "HOME": "/r"}
+    env = {
+        "RANK": "${SLURM_PROCID}",
+        "WORLD_SIZE": " 4 ",
+        "MASTER_PORT": "29500x",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_IB_HCA": "mlx5_0",
+        "SLURM_NTASKS_PER_NODE": "2(x3),1",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "HOME": "/r",
+    }
     out = dist_env.gather(GatherContext(env=env, torch=False))
     assert out["env"]["RANK"] == "${SLURM_PROCID}" and out["env"]["NCCL_IB_HCA"] == "mlx5_0"
     assert "AWS_SECRET_ACCESS_KEY" not in out["env"] and "HOME" not in out["env"]
@@ -93,8 +111,9 @@ def test_raw_strings_kept_and_bad_ints_are_data() -> None:
 
 
 def test_launchers_are_recognised() -> None:
-    torchrun = dist_env.gather(GatherContext(env={**FULL, "TORCHELASTIC_RUN_ID": "x",
-                                                  "TORCHELASTIC_USE_AGENT_STORE": "True"}, torch=False))
+    torchrun = dist_env.gather(
+        GatherContext(env={**FULL, "TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_USE_AGENT_STORE": "True"}, torch=False)
+    )
     assert torchrun["launcher"]["torchrun"] and torchrun["launcher"]["agent_store"]
     slurm = dist_env.gather(GatherContext(env=SLURM_TASK, torch=False))
     assert slurm["active"] and "SLURM_NTASKS>1" in slurm["active_because"] and slurm["launcher"]["slurm_step"]
@@ -104,20 +123,26 @@ def test_launchers_are_recognised() -> None:
 
 def test_loopback_master_is_local_and_port_is_tested_for_rank0() -> None:
     port = free_port()
-    out = dist_env.gather(GatherContext(env={"MASTER_ADDR": "localhost", "MASTER_PORT": str(port), "RANK": "0",
-                                             "WORLD_SIZE": "2"}, torch=False))
+    out = dist_env.gather(
+        GatherContext(
+            env={"MASTER_ADDR": "localhost", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "2"}, torch=False
+        )
+    )
     assert out["master"]["loopback"] is True and out["master"]["is_local"] is True
     assert out["store"]["tested"] and out["store"]["why"] == "RANK=0"
     assert out["store"]["bindable"] is True and out["store"]["in_use"] is False
     assert {b["address"] for b in out["store"]["bind"]} >= {"0.0.0.0", "127.0.0.1"}
 
 
-@pytest.mark.parametrize(("env", "why"), [
-    ({"MASTER_ADDR": "198.51.100.7"}, "RANK=1"),                       # TEST-NET-2: another host
-    ({"MASTER_ADDR": "127.0.0.1"}, "RANK=1"),                          # rank 0's store is (or will be) here
-    ({"MASTER_ADDR": "127.0.0.1", "RANK": None, **SLURM_TASK}, "SLURM_PROCID=3"),
-    ({"MASTER_ADDR": "198.51.100.7", "RANK": None}, "MASTER_ADDR is another host"),
-])
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"MASTER_ADDR": "198.51.100.7"}, "RANK=1"),  # TEST-NET-2: another host
+        ({"MASTER_ADDR": "127.0.0.1"}, "RANK=1"),  # rank 0's store is (or will be) here
+        ({"MASTER_ADDR": "127.0.0.1", "RANK": None, **SLURM_TASK}, "SLURM_PROCID=3"),
+        ({"MASTER_ADDR": "198.51.100.7", "RANK": None}, "MASTER_ADDR is another host"),
+    ],
+)
 def test_port_tested_only_where_the_store_opens(env: dict[str, str | None], why: str) -> None:
     merged = {k: v for k, v in {**full(), **env}.items() if v is not None}
     out = dist_env.gather(GatherContext(env=merged, torch=False))
@@ -126,8 +151,7 @@ def test_port_tested_only_where_the_store_opens(env: dict[str, str | None], why:
 
 
 def test_port_tested_before_launch_on_the_master_host() -> None:
-    out = dist_env.gather(GatherContext(env={"MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())},
-                                        torch=False))
+    out = dist_env.gather(GatherContext(env={"MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())}, torch=False))
     assert out["store"]["tested"] and out["store"]["why"] == "MASTER_ADDR is this host"
 
 
@@ -145,6 +169,7 @@ def test_resolution_is_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- TD401-TD405 -------------------------------------------------------------------------------
+
 
 def test_td401_missing_master_vars() -> None:
     f = one("TD401", dist_facts({"RANK": "0", "WORLD_SIZE": "2"}))
@@ -176,26 +201,37 @@ def test_td401_with_dist_flag_is_a_warning() -> None:
 
 def test_td402_not_an_integer() -> None:
     f = one("TD402", dist_facts(full(RANK="${SLURM_PROCID}", LOCAL_RANK="gpu0")))
-    assert "RANK='${SLURM_PROCID}'" in f.message and "LOCAL_RANK='gpu0'" in f.message and "are not integers" in f.message
+    assert (
+        "RANK='${SLURM_PROCID}'" in f.message and "LOCAL_RANK='gpu0'" in f.message and "are not integers" in f.message
+    )
     assert not found("TD402", dist_facts(full(RANK="1", LOCAL_RANK=" 0 ")))
 
 
-@pytest.mark.parametrize(("env", "needle"), [
-    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2 (valid: 0..1)"),
-    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1 is negative"),
-    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0 is less than 1"),
-    ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_RANK=4 is not below"),
-    ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}, "LOCAL_WORLD_SIZE=8 is larger"),
-    ({"RANK": "0", "WORLD_SIZE": "4", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "2"}, "GROUP_RANK=2 is not below"),
-])
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2 (valid: 0..1)"),
+        ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1 is negative"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0 is less than 1"),
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_RANK=4 is not below"),
+        ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}, "LOCAL_WORLD_SIZE=8 is larger"),
+        ({"RANK": "0", "WORLD_SIZE": "4", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "2"}, "GROUP_RANK=2 is not below"),
+    ],
+)
 def test_td403_out_of_range(env: dict[str, str], needle: str) -> None:
     f = one("TD403", dist_facts(env))
     assert needle in f.message and f.evidence
 
 
 def test_td403_near_misses() -> None:
-    ok = {"RANK": "7", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
-          "GROUP_WORLD_SIZE": "2"}
+    ok = {
+        "RANK": "7",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "3",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+    }
     assert not found("TD403", dist_facts(ok))
 
 
@@ -212,12 +248,15 @@ def test_td404_open_mpi() -> None:
     assert "Open MPI" in f.message and "RANK=$OMPI_COMM_WORLD_RANK" in f.fix
 
 
-@pytest.mark.parametrize("change", [
-    {"SLURM_NTASKS": "1", "SLURM_PROCID": "0"},          # single-task job
-    {"SLURM_STEP_ID": None},                              # the batch script, before srun
-    {"RANK": "3", "WORLD_SIZE": "8"},                     # mapped
-    {"TORCHELASTIC_RUN_ID": "abc", "RANK": None},         # srun + torchrun
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"SLURM_NTASKS": "1", "SLURM_PROCID": "0"},  # single-task job
+        {"SLURM_STEP_ID": None},  # the batch script, before srun
+        {"RANK": "3", "WORLD_SIZE": "8"},  # mapped
+        {"TORCHELASTIC_RUN_ID": "abc", "RANK": None},  # srun + torchrun
+    ],
+)
 def test_td404_near_misses(change: dict[str, str | None]) -> None:
     env = {**SLURM_TASK, **change}
     assert not found("TD404", dist_facts({k: v for k, v in env.items() if v is not None}))
@@ -235,21 +274,30 @@ def test_td405_world_size_differs() -> None:
     assert "WORLD_SIZE=6 but SLURM_NTASKS=8" in f.message
 
 
-@pytest.mark.parametrize("change", [
-    {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"},                     # consistent
-    {"RANK": "25", "WORLD_SIZE": "64", "LOCAL_RANK": "1"},                   # 8 ranks per task (spawned)
-    {"RANK": "0", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "x"},            # torchrun numbers ranks
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"},  # consistent
+        {"RANK": "25", "WORLD_SIZE": "64", "LOCAL_RANK": "1"},  # 8 ranks per task (spawned)
+        {"RANK": "0", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "x"},  # torchrun numbers ranks
+    ],
+)
 def test_td405_near_misses(change: dict[str, str]) -> None:
     assert not found("TD405", dist_facts({**SLURM_TASK, **change}))
 
 
 # -- TD406 / TD407: MASTER_PORT ----------------------------------------------------------------
 
-@pytest.mark.parametrize(("port", "needle"), [
-    ("abc", "is not an integer"), ("70000", "port must have value from 0 to 65535 but was 70000"),
-    ("0", "cannot know"), ("-5", "outside 1-65535"),
-])
+
+@pytest.mark.parametrize(
+    ("port", "needle"),
+    [
+        ("abc", "is not an integer"),
+        ("70000", "port must have value from 0 to 65535 but was 70000"),
+        ("0", "cannot know"),
+        ("-5", "outside 1-65535"),
+    ],
+)
 def test_td406_invalid_port(port: str, needle: str) -> None:
     f = one("TD406", dist_facts(full(MASTER_PORT=port)))
     assert needle in f.message and f"MASTER_PORT='{port}'" in f.message
@@ -261,8 +309,10 @@ def test_td406_near_miss() -> None:
 
 def _hold_port_in_child() -> tuple[subprocess.Popen[str], int]:
     """A separate process (not our ancestor, like a stale job) listening on 127.0.0.1:<free port>."""
-    code = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-            "print(s.getsockname()[1], flush=True); sys.stdin.read()")
+    code = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
@@ -322,9 +372,25 @@ def test_td407_privileged_port_without_capability() -> None:
         pytest.skip(f"no free port below net.ipv4.ip_unprivileged_port_start={start}")
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "2"}
     full_env = {**os.environ, **env}
-    proc = subprocess.run(["setpriv", "--bounding-set=-net_bind_service", sys.executable, "-m", "torchdoctor", "check",
-                           "--format", "json", "--no-torch", "--fail-on", "never"],
-                          capture_output=True, text=True, env=full_env, timeout=60)
+    proc = subprocess.run(
+        [
+            "setpriv",
+            "--bounding-set=-net_bind_service",
+            sys.executable,
+            "-m",
+            "torchdoctor",
+            "check",
+            "--format",
+            "json",
+            "--no-torch",
+            "--fail-on",
+            "never",
+        ],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+    )
     hits = _codes(json.loads(proc.stdout), "TD407")
     assert len(hits) == 1 and f"MASTER_PORT {port} cannot be bound" in hits[0]["message"]
     assert "EACCES" in hits[0]["message"] and "below 1024" in hits[0]["message"]
@@ -340,12 +406,28 @@ def _bindable(port: int) -> bool:
 
 
 def _store_facts(holder: dict[str, Any] | None, agent_store: bool = False) -> Facts:
-    return Facts.from_dict({"meta": {"schema_version": 1}, "dist": {
-        "active": True, "env": {"MASTER_ADDR": "localhost", "MASTER_PORT": "29500", "RANK": "0"},
-        "ints": {"MASTER_PORT": 29500, "RANK": 0}, "launcher": {"agent_store": agent_store},
-        "store": {"port": 29500, "tested": True, "bindable": False, "in_use": True, "why": "RANK=0", "holder": holder,
-                  "bind": [{"address": "0.0.0.0", "ok": False, "errno": 98, "error": "EADDRINUSE: Address already in use"}]},
-    }})
+    return Facts.from_dict(
+        {
+            "meta": {"schema_version": 1},
+            "dist": {
+                "active": True,
+                "env": {"MASTER_ADDR": "localhost", "MASTER_PORT": "29500", "RANK": "0"},
+                "ints": {"MASTER_PORT": 29500, "RANK": 0},
+                "launcher": {"agent_store": agent_store},
+                "store": {
+                    "port": 29500,
+                    "tested": True,
+                    "bindable": False,
+                    "in_use": True,
+                    "why": "RANK=0",
+                    "holder": holder,
+                    "bind": [
+                        {"address": "0.0.0.0", "ok": False, "errno": 98, "error": "EADDRINUSE: Address already in use"}
+                    ],
+                },
+            },
+        }
+    )
 
 
 def test_td407_expected_holders_are_skipped() -> None:
@@ -360,6 +442,7 @@ def test_td407_expected_holders_are_skipped() -> None:
 
 # -- TD408-TD410: MASTER_ADDR -------------------------------------------------------------------
 
+
 def test_td408_unresolvable_name_is_bounded() -> None:
     started = time.monotonic()
     facts = dist_facts(full(MASTER_ADDR="torchdoctor-test.invalid"))  # RFC 2606: never resolves
@@ -371,15 +454,28 @@ def test_td408_unresolvable_name_is_bounded() -> None:
     assert not found("TD408", dist_facts(full(MASTER_ADDR="localhost")))
 
 
-@pytest.mark.parametrize("nodes", [{"GROUP_WORLD_SIZE": "2"}, {"SLURM_STEP_NUM_NODES": "2"}, {"SLURM_NNODES": "4"},
-                                   {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}])
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        {"GROUP_WORLD_SIZE": "2"},
+        {"SLURM_STEP_NUM_NODES": "2"},
+        {"SLURM_NNODES": "4"},
+        {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"},
+    ],
+)
 def test_td409_loopback_master_on_several_nodes(nodes: dict[str, str]) -> None:
     f = one("TD409", dist_facts(full(MASTER_ADDR="localhost", **nodes)))
     assert "resolves to loopback (127.0.0.1" in f.message and "nodes" in f.message
 
 
-@pytest.mark.parametrize("nodes", [{"GROUP_WORLD_SIZE": "1"}, {"SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NUM_NODES": "2"},
-                                   {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}])
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        {"GROUP_WORLD_SIZE": "1"},
+        {"SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NUM_NODES": "2"},
+        {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"},
+    ],
+)
 def test_td409_near_misses(nodes: dict[str, str]) -> None:
     assert not found("TD409", dist_facts(full(MASTER_ADDR="127.0.0.1", **nodes)))
 
@@ -387,8 +483,12 @@ def test_td409_near_misses(nodes: dict[str, str]) -> None:
 def test_td409_routable_master_is_fine() -> None:
     import psutil
 
-    addrs = [a.address for i in psutil.net_if_addrs().values() for a in i
-             if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    addrs = [
+        a.address
+        for i in psutil.net_if_addrs().values()
+        for a in i
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
     if not addrs:
         pytest.skip("this host has no non-loopback IPv4 address")
     facts = dist_facts(full(MASTER_ADDR=addrs[0], GROUP_WORLD_SIZE="2"))
@@ -401,22 +501,37 @@ def test_td410_rank0_not_on_master() -> None:
     assert "RANK=0" in f.message and "198.51.100.7" in f.message
     assert not found("TD410", dist_facts(full(RANK="1", MASTER_ADDR="198.51.100.7")))
     assert not found("TD410", dist_facts(full(RANK="0", MASTER_ADDR="127.0.0.1")))
-    assert not found("TD410", dist_facts(full(RANK="0", MASTER_ADDR="198.51.100.7", TORCHELASTIC_RUN_ID="x",
-                                              TORCHELASTIC_USE_AGENT_STORE="True")))
+    assert not found(
+        "TD410",
+        dist_facts(
+            full(RANK="0", MASTER_ADDR="198.51.100.7", TORCHELASTIC_RUN_ID="x", TORCHELASTIC_USE_AGENT_STORE="True")
+        ),
+    )
 
 
 # -- TD411: interfaces ------------------------------------------------------------------------
 
-NAMES = {"lo": {"addresses": ["127.0.0.1"], "up": True}, "eth0": {"addresses": ["10.0.0.2"], "up": True},
-         "ib0": {"addresses": [], "up": False}}
+NAMES = {
+    "lo": {"addresses": ["127.0.0.1"], "up": True},
+    "eth0": {"addresses": ["10.0.0.2"], "up": True},
+    "ib0": {"addresses": [], "up": False},
+}
 
 
-@pytest.mark.parametrize(("var", "value", "bad"), [
-    ("NCCL_SOCKET_IFNAME", "eth", []), ("NCCL_SOCKET_IFNAME", "=eth", ["=eth"]), ("NCCL_SOCKET_IFNAME", "=eth0", []),
-    ("NCCL_SOCKET_IFNAME", "ens,eth", []), ("NCCL_SOCKET_IFNAME", "ens,ib", ["ens", "ib"]),
-    ("NCCL_SOCKET_IFNAME", "^docker,lo", []), ("GLOO_SOCKET_IFNAME", "eth0,ib0", ["ib0"]),
-    ("GLOO_SOCKET_IFNAME", "eth", ["eth"]), ("TP_SOCKET_IFNAME", "eth0", []),
-])
+@pytest.mark.parametrize(
+    ("var", "value", "bad"),
+    [
+        ("NCCL_SOCKET_IFNAME", "eth", []),
+        ("NCCL_SOCKET_IFNAME", "=eth", ["=eth"]),
+        ("NCCL_SOCKET_IFNAME", "=eth0", []),
+        ("NCCL_SOCKET_IFNAME", "ens,eth", []),
+        ("NCCL_SOCKET_IFNAME", "ens,ib", ["ens", "ib"]),
+        ("NCCL_SOCKET_IFNAME", "^docker,lo", []),
+        ("GLOO_SOCKET_IFNAME", "eth0,ib0", ["ib0"]),
+        ("GLOO_SOCKET_IFNAME", "eth", ["eth"]),
+        ("TP_SOCKET_IFNAME", "eth0", []),
+    ],
+)
 def test_ifname_matching_rules(var: str, value: str, bad: list[str]) -> None:
     assert ifname_unmatched(var, value, NAMES) == bad
 
@@ -433,8 +548,25 @@ def test_td411_interface_without_address_in_a_new_netns() -> None:
     if not IS_ROOT or not shutil.which("unshare"):
         pytest.skip("needs root and unshare(1) for a private network namespace")
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    proc = subprocess.run(["unshare", "-n", sys.executable, "-m", "torchdoctor", "check", "--format", "json",
-                           "--no-torch", "--fail-on", "never"], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-n",
+            sys.executable,
+            "-m",
+            "torchdoctor",
+            "check",
+            "--format",
+            "json",
+            "--no-torch",
+            "--fail-on",
+            "never",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     if proc.returncode != 0 and "unshare" in proc.stderr:
         pytest.skip(f"unshare -n not permitted here: {proc.stderr.strip()}")
     hits = _codes(json.loads(proc.stdout), "TD411")
@@ -443,13 +575,21 @@ def test_td411_interface_without_address_in_a_new_netns() -> None:
 
 # -- TD412 / TD413 ---------------------------------------------------------------------------------
 
+
 def _nccl_facts(nccl: bool | None, devices: int = 2, active: bool = True) -> Facts:
-    return Facts.from_dict({
-        "meta": {"schema_version": 1},
-        "dist": {"active": active, "env": {}},
-        "gpu": {"devices": [{"index": i, "name": "NVIDIA A100-SXM4-80GB"} for i in range(devices)]},
-        "torch": {"installed": True, "version": "2.13.0+cpu", "cuda": None, "backends": {"gloo": True, "nccl": nccl}},
-    })
+    return Facts.from_dict(
+        {
+            "meta": {"schema_version": 1},
+            "dist": {"active": active, "env": {}},
+            "gpu": {"devices": [{"index": i, "name": "NVIDIA A100-SXM4-80GB"} for i in range(devices)]},
+            "torch": {
+                "installed": True,
+                "version": "2.13.0+cpu",
+                "cuda": None,
+                "backends": {"gloo": True, "nccl": nccl},
+            },
+        }
+    )
 
 
 def test_td412_gpus_without_nccl() -> None:
@@ -462,8 +602,19 @@ def test_td412_gpus_without_nccl() -> None:
     assert found("TD412", _nccl_facts(False, active=False), dist=True)
 
 
-@pytest.mark.parametrize(("value", "bad"), [("1", True), ("true", True), ("", True), (" INFO", True),
-                                            ("DETAILED", True), ("DETAIL", False), ("info", False), ("Off", False)])
+@pytest.mark.parametrize(
+    ("value", "bad"),
+    [
+        ("1", True),
+        ("true", True),
+        ("", True),
+        (" INFO", True),
+        ("DETAILED", True),
+        ("DETAIL", False),
+        ("info", False),
+        ("Off", False),
+    ],
+)
 def test_td413_debug_level(value: str, bad: bool) -> None:
     assert bool(found("TD413", dist_facts({"TORCH_DISTRIBUTED_DEBUG": value}))) is bad
 
@@ -476,8 +627,9 @@ def test_td413_agrees_with_real_torch() -> None:
 
     def imports(value: str) -> tuple[str, subprocess.CompletedProcess[str]]:
         env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": value}
-        return value, subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env,
-                                     timeout=240)
+        return value, subprocess.run(
+            [sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env, timeout=240
+        )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(pool.map(imports, values))
@@ -492,6 +644,7 @@ def test_td413_agrees_with_real_torch() -> None:
 
 
 # -- the catalogue's quotes are real ---------------------------------------------------------------
+
 
 def test_quoted_torch_errors_are_recorded() -> None:
     recorded = (FIXTURES / "torch_errors.txt").read_text(encoding="utf-8")
@@ -523,6 +676,12 @@ def test_live_check_runs_clean_without_distributed_env() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
     for var in (*dist_env.ACTIVE_VARS, *dist_env.IFNAME_VARS, "TORCH_DISTRIBUTED_DEBUG"):
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "facts", "--no-torch"], capture_output=True, text=True,
-                          env=env, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "facts", "--no-torch"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=REPO,
+    )
     assert json.loads(proc.stdout)["dist"]["active"] is False

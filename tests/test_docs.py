@@ -19,7 +19,7 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 def _section(title: str) -> str:
     start = README.index(title)
     end = README.find("\n## ", start + len(title))
-    return README[start:end if end > 0 else None]
+    return README[start : end if end > 0 else None]
 
 
 def test_docs_families_md_is_current() -> None:
@@ -70,7 +70,7 @@ def test_readme_walkthrough_uses_real_fields_and_places() -> None:
             assert any(n.startswith("near-") for n in files), f"{code.code}: no near-miss fixture"
     # `make docs` regenerates what the section says it does
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
-    docs_rule = makefile[makefile.index("\ndocs:"):].split("\n\n", 1)[0]
+    docs_rule = makefile[makefile.index("\ndocs:") :].split("\n\n", 1)[0]
     assert "make docs" in section
     for generated in ("docs/codes.md", "docs/families.md"):
         assert generated in docs_rule
@@ -98,12 +98,14 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch) -> None:  # type: ign
     (tmp_path / "train.py").write_text(
         "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
         "def make_loader():\n    return DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=8)\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     tb_source = REPO / "tests" / "fixtures" / "logs" / "TD150" / "lab-fd-queue-ancdata.log"
-    failure = next(line for line in tb_source.read_text(encoding="utf-8").splitlines()
-                   if line.startswith("RuntimeError: received"))
+    failure = next(
+        line for line in tb_source.read_text(encoding="utf-8").splitlines() if line.startswith("RuntimeError: received")
+    )
 
     def train() -> None:
         raise RuntimeError(failure.split(": ", 1)[1])  # the real message the lab recorded

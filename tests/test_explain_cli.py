@@ -18,8 +18,9 @@ def _json(proc: subprocess.CompletedProcess[str]) -> dict:
 
 def _real_keyerror() -> str:
     """A real Python traceback that is no torch/OS failure (produced live, never typed)."""
-    proc = subprocess.run([sys.executable, "-c", "d = {}\nd['learning_rate']"], capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", "d = {}\nd['learning_rate']"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 1 and "KeyError" in proc.stderr
     return proc.stderr
 
@@ -91,8 +92,10 @@ def test_directory_and_several_inputs() -> None:
     assert doc["root_cause"] == "TD650"
     assert (doc["first_failure"]["code"], doc["first_failure"]["rank"]) == ("TD650", 2)
     assert "Parent directory /nonexistent-dir does not exist" in doc["first_failure"]["text"]
+
     def named(role: str) -> list[tuple[str, list[int]]]:
         return [(d["code"], d["ranks"]) for d in doc["diagnoses"] if d["role"] == role]
+
     assert named("root-cause") == [("TD650", [2])]
     assert named("cascade") == [("TD454", [1, 3])]
     ranks = doc["ranks"]
@@ -114,14 +117,18 @@ def test_a_second_failure_is_shown_under_the_root_cause(tmp_path: Path) -> None:
     # rank 5's real TD150 failure, and on rank 2 a real KeyError traceback that no signature explains
     log = tmp_path / "console.log"
     body = TD150_LOG.read_text(encoding="utf-8").split("# ---\n", 1)[1]
-    lines = [f"[rank5]: {line}" for line in body.split("\n")] + [f"[rank2]: {line}" for line in _real_keyerror().split("\n")]
+    lines = [f"[rank5]: {line}" for line in body.split("\n")] + [
+        f"[rank2]: {line}" for line in _real_keyerror().split("\n")
+    ]
     log.write_text("\n".join(lines) + "\n", encoding="utf-8")
     proc = run_cli("explain", str(log))
     assert proc.returncode == 0 and "Root cause: TD150" in proc.stdout
     tail = proc.stdout.split("Not explained by TD150 (another failure?):", 1)[1]
     assert "KeyError: 'learning_rate'" in tail and "[rank 2]" in tail
     doc = _json(run_cli("explain", str(log), "--format", "json"))
-    assert [(u["rank"], u["relevance"], u["text"]) for u in doc["unmatched_errors"]] == [(2, 4, "[rank2]: KeyError: 'learning_rate'")]
+    assert [(u["rank"], u["relevance"], u["text"]) for u in doc["unmatched_errors"]] == [
+        (2, 4, "[rank2]: KeyError: 'learning_rate'")
+    ]
 
 
 def _on_a_terminal(*args: str, env: dict[str, str] | None = None) -> str:
@@ -131,8 +138,14 @@ def _on_a_terminal(*args: str, env: dict[str, str] | None = None) -> str:
 
     master, slave = pty.openpty()
     try:
-        proc = subprocess.run([sys.executable, "-m", "torchdoctor", *args], stdout=slave, stderr=subprocess.PIPE,
-                              timeout=120, check=False, env={**os.environ, "COLUMNS": "120", **(env or {})})
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchdoctor", *args],
+            stdout=slave,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+            env={**os.environ, "COLUMNS": "120", **(env or {})},
+        )
         os.close(slave)
         chunks = []
         while True:
@@ -164,7 +177,11 @@ def test_text_on_a_terminal_is_coloured_and_laid_out_alike() -> None:
 
 def test_a_traceback_pasted_without_its_exception_line() -> None:
     # the recorded TD450 lab output, cut here before its ValueError line (a paste that stops at a frame)
-    body = [line for line in fixture_body(FIXTURES / "logs" / "TD450" / "lab-dist-env-missing-world-size.log") if line.strip()]
+    body = [
+        line
+        for line in fixture_body(FIXTURES / "logs" / "TD450" / "lab-dist-env-missing-world-size.log")
+        if line.strip()
+    ]
     cut = "\n".join(body[:-1]) + "\n"
     doc = _json(run_cli("explain", "-", "--format", "json", input=cut))
     root = doc["diagnoses"][0]

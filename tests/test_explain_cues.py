@@ -10,13 +10,19 @@ from torchdoctor.explain import cues, explain
 
 from .conftest import REPO
 
-PROSE_SHM = ("Training inside docker with num_workers=8 dies after a few batches. The dataloader worker "
-             "gets killed, shared memory looks tiny, the container was started without --ipc=host or --shm-size.")
+PROSE_SHM = (
+    "Training inside docker with num_workers=8 dies after a few batches. The dataloader worker "
+    "gets killed, shared memory looks tiny, the container was started without --ipc=host or --shm-size."
+)
 
 
 def test_the_committed_model_is_what_the_labelled_texts_give() -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "train_cues.py"), "--check"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train_cues.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -46,8 +52,10 @@ def test_words_of_no_family_give_no_guess() -> None:
     assert cues.guess("") is None
 
 
-PROSE_CKPT = ("When I save the checkpoint with torch.save to the shared directory the file is sometimes corrupted "
-              "and torch.load fails with a zip archive error, several ranks write the same path at the end of each epoch")
+PROSE_CKPT = (
+    "When I save the checkpoint with torch.save to the shared directory the file is sometimes corrupted "
+    "and torch.load fails with a zip archive error, several ranks write the same path at the end of each epoch"
+)
 """No signature recognises this (no error line, no symptom phrase): only its words speak."""
 
 
@@ -71,8 +79,12 @@ def test_the_cli_prints_a_guess_in_every_format_with_exit_code_one(tmp_path) -> 
     log.write_text(PROSE_CKPT, encoding="utf-8")
     outs = {}
     for fmt in ("json", "text", "markdown"):
-        proc = subprocess.run([sys.executable, "-m", "torchdoctor", "explain", str(log), "--format", fmt],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchdoctor", "explain", str(log), "--format", fmt],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode == 1, proc.stderr
         outs[fmt] = proc.stdout
     doc = json.loads(outs["json"])

@@ -50,32 +50,54 @@ FIXTURES_LOGS = FIXTURES_ROOT / "logs"
 # from https://github.com/NVIDIA/nccl/issues/207 and https://github.com/Oneflow-Inc/oneflow/issues/3586;
 # srun from https://github.com/facebookresearch/ParlAI/issues/3084.
 
-@pytest.mark.parametrize(("line", "rank", "text"), [
-    ("[default2]:[rank2]: RuntimeError: Parent directory /nonexistent-dir does not exist.", 2,
-     "RuntimeError: Parent directory /nonexistent-dir does not exist."),
-    ("[rank2]: RuntimeError: Parent directory /nonexistent-dir does not exist.", 2,
-     "RuntimeError: Parent directory /nonexistent-dir does not exist."),
-    ("[default1]:step 0 loss 1.0000 sum 4", 1, "step 0 loss 1.0000 sum 4"),
-    ("[default0]:  cpu = _conversion_method_template(device=torch.device(\"cpu\"))", 0,
-     "  cpu = _conversion_method_template(device=torch.device(\"cpu\"))"),
-    ("  5: step 0 loss 1.0000 sum 4", 5, "step 0 loss 1.0000 sum 4"),
-    ("12: step 0 loss 1.0000 sum 4", 12, "step 0 loss 1.0000 sum 4"),
-    ("[rank: 3] step 0 loss 1.0000 sum 4", 3, "step 0 loss 1.0000 sum 4"),
-    ("srun: error: slurm-job-compute-0-1: task 14: Exited with exit code 1", 14,
-     "srun: error: slurm-job-compute-0-1: task 14: Exited with exit code 1"),
-    ("step 0 loss 1.0000 sum 4", None, "step 0 loss 1.0000 sum 4"),
-    # accelerate launch workers (torchrun's agent): https://github.com/huggingface/accelerate/issues/3612
-    ('[rank0]:   File "/A.I_DATA/jbnu/joonseo/gpu_test.py", line 83, in <module>', 0,
-     '  File "/A.I_DATA/jbnu/joonseo/gpu_test.py", line 83, in <module>'),
-    # `accelerate test` prefixes the script's output: https://github.com/huggingface/accelerate/issues/2390
-    ("stderr:   rank      : 1 (local_rank: 1)", None, "  rank      : 1 (local_rank: 1)"),
-    # Lightning's rank_prefixed_message and user prints (tests/fixtures/explain/pastes/SOURCE.md)
-    ("[rank: 1] Child process with PID 2084751 terminated with code 1. Forcefully terminating all other processes to avoid zombies 🧟",
-     1, "Child process with PID 2084751 terminated with code 1. Forcefully terminating all other processes to avoid zombies 🧟"),
-    ("[Rank 2]: Broadcasting data", 2, "[Rank 2]: Broadcasting data"),
-    # a GUI front-end re-logging a trainer: https://github.com/cocktailpeanut/fluxgym/issues/340
-    ("[2025-02-18 18:14:57] [INFO] Traceback (most recent call last):", None, "Traceback (most recent call last):"),
-])
+
+@pytest.mark.parametrize(
+    ("line", "rank", "text"),
+    [
+        (
+            "[default2]:[rank2]: RuntimeError: Parent directory /nonexistent-dir does not exist.",
+            2,
+            "RuntimeError: Parent directory /nonexistent-dir does not exist.",
+        ),
+        (
+            "[rank2]: RuntimeError: Parent directory /nonexistent-dir does not exist.",
+            2,
+            "RuntimeError: Parent directory /nonexistent-dir does not exist.",
+        ),
+        ("[default1]:step 0 loss 1.0000 sum 4", 1, "step 0 loss 1.0000 sum 4"),
+        (
+            '[default0]:  cpu = _conversion_method_template(device=torch.device("cpu"))',
+            0,
+            '  cpu = _conversion_method_template(device=torch.device("cpu"))',
+        ),
+        ("  5: step 0 loss 1.0000 sum 4", 5, "step 0 loss 1.0000 sum 4"),
+        ("12: step 0 loss 1.0000 sum 4", 12, "step 0 loss 1.0000 sum 4"),
+        ("[rank: 3] step 0 loss 1.0000 sum 4", 3, "step 0 loss 1.0000 sum 4"),
+        (
+            "srun: error: slurm-job-compute-0-1: task 14: Exited with exit code 1",
+            14,
+            "srun: error: slurm-job-compute-0-1: task 14: Exited with exit code 1",
+        ),
+        ("step 0 loss 1.0000 sum 4", None, "step 0 loss 1.0000 sum 4"),
+        # accelerate launch workers (torchrun's agent): https://github.com/huggingface/accelerate/issues/3612
+        (
+            '[rank0]:   File "/A.I_DATA/jbnu/joonseo/gpu_test.py", line 83, in <module>',
+            0,
+            '  File "/A.I_DATA/jbnu/joonseo/gpu_test.py", line 83, in <module>',
+        ),
+        # `accelerate test` prefixes the script's output: https://github.com/huggingface/accelerate/issues/2390
+        ("stderr:   rank      : 1 (local_rank: 1)", None, "  rank      : 1 (local_rank: 1)"),
+        # Lightning's rank_prefixed_message and user prints (tests/fixtures/explain/pastes/SOURCE.md)
+        (
+            "[rank: 1] Child process with PID 2084751 terminated with code 1. Forcefully terminating all other processes to avoid zombies 🧟",
+            1,
+            "Child process with PID 2084751 terminated with code 1. Forcefully terminating all other processes to avoid zombies 🧟",
+        ),
+        ("[Rank 2]: Broadcasting data", 2, "[Rank 2]: Broadcasting data"),
+        # a GUI front-end re-logging a trainer: https://github.com/cocktailpeanut/fluxgym/issues/340
+        ("[2025-02-18 18:14:57] [INFO] Traceback (most recent call last):", None, "Traceback (most recent call last):"),
+    ],
+)
 def test_rank_prefixes(line: str, rank: int | None, text: str) -> None:
     norm = normalize(line)
     assert (norm.rank, norm.text) == (rank, text)
@@ -87,7 +109,9 @@ def test_source_rank_is_the_default_and_a_prefix_wins() -> None:
 
 
 def test_ansi_codes_and_leading_timestamps_are_stripped() -> None:
-    norm = normalize("\x1b[1;31m2026-11-21 23:23:25,122 [rank2]: RuntimeError: Parent directory /x does not exist.\x1b[0m")
+    norm = normalize(
+        "\x1b[1;31m2026-11-21 23:23:25,122 [rank2]: RuntimeError: Parent directory /x does not exist.\x1b[0m"
+    )
     assert norm.text == "RuntimeError: Parent directory /x does not exist."
     assert norm.rank == 2 and norm.time is not None and norm.time[0] == "wall"
     assert "\x1b" not in norm.clean
@@ -103,11 +127,14 @@ def test_glog_header_gives_time_but_stays_in_the_text() -> None:
     assert later.time[1] > norm.time[1]  # type: ignore[index]
 
 
-@pytest.mark.parametrize(("line", "host"), [
-    ("gpu2:46654:46654 [0] NCCL INFO NET : Using interface ib0:12.12.12.102<0>", "gpu2"),
-    ("worker:101542:101934 [0] include/socket.h:403 NCCL WARN Connect to f", "worker"),
-    ("srun: error: slurm-job-compute-0-0: tasks 2-7: Exited with exit code 1", "slurm-job-compute-0-0"),
-])
+@pytest.mark.parametrize(
+    ("line", "host"),
+    [
+        ("gpu2:46654:46654 [0] NCCL INFO NET : Using interface ib0:12.12.12.102<0>", "gpu2"),
+        ("worker:101542:101934 [0] include/socket.h:403 NCCL WARN Connect to f", "worker"),
+        ("srun: error: slurm-job-compute-0-0: tasks 2-7: Exited with exit code 1", "slurm-job-compute-0-0"),
+    ],
+)
 def test_hosts_from_content(line: str, host: str) -> None:
     assert normalize(line).host == host
 
@@ -137,23 +164,23 @@ def test_blocks_keep_line_numbers_across_any_piece_size() -> None:
     data = CONSOLE.read_bytes()
     expect = data.split(b"\n")
     for size in (1, 7, 64, 4096):
-        pieces = [data[i:i + size] for i in range(0, len(data), size)]
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
         got: list[tuple[int, bytes]] = []
         for b in blocks(pieces):
-            for k, line in enumerate(b.data[b.start:b.end].split(b"\n")[:-1]):
+            for k, line in enumerate(b.data[b.start : b.end].split(b"\n")[:-1]):
                 got.append((b.first_line + k, line))
         assert [n for n, _ in got] == list(range(1, len(got) + 1))
-        assert [line for _, line in got] == expect[:len(got)]
+        assert [line for _, line in got] == expect[: len(got)]
 
 
 def test_a_long_line_is_cut_and_numbering_goes_on() -> None:
     long = b"x" * 300_000
     data = b"first\n" + long + b"\nlast Error\n"
     for size in (10, 100_000, 1 << 20):
-        pieces = [data[i:i + size] for i in range(0, len(data), size)]
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
         lines = []
         for b in blocks(pieces, max_line=1000):
-            for k, line in enumerate(b.data[b.start:b.end].split(b"\n")[:-1]):
+            for k, line in enumerate(b.data[b.start : b.end].split(b"\n")[:-1]):
                 lines.append((b.first_line + k, line))
         assert lines[0] == (1, b"first") and lines[-1] == (3, b"last Error")
         # a line split over pieces is cut at max_line; one inside a piece is cut when it is read
@@ -270,8 +297,17 @@ def test_interleaved_rank_tracebacks_are_stitched_per_rank() -> None:
 def test_traceback_frames_and_source_lines_never_match() -> None:
     # the frame `File ".../reduction.py", line 189, in recv_handle` and the source line under it
     frame = Code(
-        code="TDT07", name="recv-handle-frame", family="fd-exhausted", severity=Severity.ERROR, area="shm",
-        title="t", message="m", fix="f", meaning="-", why="-", false_positives="-",
+        code="TDT07",
+        name="recv-handle-frame",
+        family="fd-exhausted",
+        severity=Severity.ERROR,
+        area="shm",
+        title="t",
+        message="m",
+        fix="f",
+        meaning="-",
+        why="-",
+        false_positives="-",
         signatures=(Signature(role=Role.ROOT_CAUSE, triggers=("recv_handle",), pattern=r"recv_handle"),),
     )
     body = fixture_body(TD150_LOG)
@@ -339,7 +375,9 @@ def test_torch_1x_cut_traceback_names_the_variable_in_its_raise() -> None:
 
 def test_cut_traceback_ends_at_a_new_traceback_or_another_line() -> None:
     cut, _ = _cut_before_exception(TD450_LABS[0])
-    port = [line for line in fixture_body(FIXTURES_LOGS / "TD450" / "near-env-rendezvous-port-in-use.log") if line.strip()]
+    port = [
+        line for line in fixture_body(FIXTURES_LOGS / "TD450" / "near-env-rendezvous-port-in-use.log") if line.strip()
+    ]
     # the cut traceback, then another run's whole traceback (a new header closes the cut one)
     report = explain(cut + port)
     assert report.codes()[:2] == ["TD450", "TD451"] and report.root_cause.evidence[0].line == len(cut)  # type: ignore[union-attr]
@@ -401,10 +439,12 @@ def test_context_signature_never_matches_without_its_traceback() -> None:
 
 def test_signature_context_and_frames_helpers() -> None:
     sig = lookup("TD661").signatures[0]
-    assert sig.in_context(['File "/usr/lib/python3.10/shutil.py", line 679, in _rmtree_safe_fd',
-                           "os.unlink(entry.name, dir_fd=topfd)"])
-    assert not sig.in_context(['File "/usr/lib/python3.11/shutil.py", line 720, in rmtree',
-                               "orig_st = os.lstat(path, dir_fd=dir_fd)"])
+    assert sig.in_context(
+        ['File "/usr/lib/python3.10/shutil.py", line 679, in _rmtree_safe_fd', "os.unlink(entry.name, dir_fd=topfd)"]
+    )
+    assert not sig.in_context(
+        ['File "/usr/lib/python3.11/shutil.py", line 720, in rmtree', "orig_st = os.lstat(path, dir_fd=dir_fd)"]
+    )
     assert not sig.in_context([])
     with pytest.raises(ValueError):
         Signature(role=Role.ROOT_CAUSE, triggers=("x",), pattern="x", context="in rmtree")  # type: ignore[arg-type]
@@ -428,7 +468,7 @@ THREE_PIECES = PASTES / "open-r1-620-wrapped-three-pieces.log"
 
 def test_continuation_without_prefix_joins_the_rank_line_above() -> None:
     lines = WRAPPED.read_text(encoding="utf-8").splitlines()
-    prefixed = [(i, int(line[5:line.index("]")])) for i, line in enumerate(lines, 1) if line.startswith("[rank")]
+    prefixed = [(i, int(line[5 : line.index("]")])) for i, line in enumerate(lines, 1) if line.startswith("[rank")]
     assert all(not lines[i].startswith("[") for i, _ in prefixed)  # each continuation has no prefix
     report = explain(lines)
     d = next(d for d in report.diagnoses if d.code == "TD490")
@@ -460,7 +500,9 @@ def test_continuation_is_joined_only_with_the_line_just_above() -> None:
     # another rank's prefix on the continuation: a line of that rank, not a continuation
     assert _td490_values([lines[0], "[rank7]:" + lines[1]])["op"] == "?"
     # a real line in between (the three-piece paste's stack line): not adjacent, not joined
-    between = next(line for line in THREE_PIECES.read_text(encoding="utf-8").splitlines() if line.startswith("frame #0"))
+    between = next(
+        line for line in THREE_PIECES.read_text(encoding="utf-8").splitlines() if line.startswith("frame #0")
+    )
     assert _td490_values([lines[0], between, lines[1]])["op"] == "?"
 
 
@@ -480,11 +522,15 @@ def test_root_cause_wins_over_cascades_printed_before_it() -> None:
 def test_earliest_root_cause_by_time_across_files(tmp_path: Path) -> None:
     # two real root causes in per-rank files; the file read first holds the later failure
     (tmp_path / "rank0.log").write_text("".join(f"2026-11-21 10:05:00,000 {line}\n" for line in rank_lines(2)[-3:]))
-    (tmp_path / "rank7.log").write_text("".join(f"2026-11-21 10:01:00,000 {line}\n" for line in fixture_body(TD150_LOG)))
+    (tmp_path / "rank7.log").write_text(
+        "".join(f"2026-11-21 10:01:00,000 {line}\n" for line in fixture_body(TD150_LOG))
+    )
     report = explain(tmp_path, codes=CODES)
     assert [d.code for d in report.diagnoses[:2]] == ["TD150", "TDT01"]
     assert report.root_cause.rank == 7  # type: ignore[union-attr]
-    (tmp_path / "rank7.log").write_text("".join(f"2026-11-21 10:09:00,000 {line}\n" for line in fixture_body(TD150_LOG)))
+    (tmp_path / "rank7.log").write_text(
+        "".join(f"2026-11-21 10:09:00,000 {line}\n" for line in fixture_body(TD150_LOG))
+    )
     assert explain(tmp_path, codes=CODES).root_cause.code == "TDT01"  # type: ignore[union-attr]
 
 
@@ -544,16 +590,33 @@ def test_rank_ranges() -> None:
 
 def test_explain_exception_formats_the_live_traceback() -> None:
     pickling = Code(
-        code="TDT06", name="lambda-pickling", family="worker-pickling", severity=Severity.ERROR, area="loader",
-        title="t", message="cannot pickle {what}", fix="f", meaning="-", why="-", false_positives="-",
-        signatures=(Signature(role=Role.ROOT_CAUSE, triggers=("Can't pickle",), pattern=r"Can't pickle local object '(?P<what>[^']+)'"),),
+        code="TDT06",
+        name="lambda-pickling",
+        family="worker-pickling",
+        severity=Severity.ERROR,
+        area="loader",
+        title="t",
+        message="cannot pickle {what}",
+        fix="f",
+        meaning="-",
+        why="-",
+        false_positives="-",
+        signatures=(
+            Signature(
+                role=Role.ROOT_CAUSE, triggers=("Can't pickle",), pattern=r"Can't pickle local object '(?P<what>[^']+)'"
+            ),
+        ),
     )
     try:
         pickle.dumps(lambda: 0)  # Python's own error text, produced live
     except Exception as exc:  # noqa: BLE001
         report = explain_exception(exc, codes=[pickling])
     root = report.root_cause
-    assert root is not None and root.code == "TDT06" and root.message == "cannot pickle test_explain_exception_formats_the_live_traceback.<locals>.<lambda>"
+    assert (
+        root is not None
+        and root.code == "TDT06"
+        and root.message == "cannot pickle test_explain_exception_formats_the_live_traceback.<locals>.<lambda>"
+    )
     assert any("test_explain_engine.py" in line for line in root.traceback)
 
 
@@ -613,7 +676,11 @@ PASTES = FIXTURES_ROOT / "explain" / "pastes"
 
 def test_accelerate_stderr_prefixed_summary_gives_ranks_and_hosts() -> None:
     report = explain(PASTES / "accelerate-2390-stderr-summary.log", codes=[])
-    assert {r: (v["exitcode"], v["host"]) for r, v in report.ranks.items()} == {1: (1, "name-test"), 2: (1, "name-test"), 3: (1, "name-test")}
+    assert {r: (v["exitcode"], v["host"]) for r, v in report.ranks.items()} == {
+        1: (1, "name-test"),
+        2: (1, "name-test"),
+        3: (1, "name-test"),
+    }
     root = explain(PASTES / "accelerate-1473-stderr-root-cause.log", codes=[])
     assert root.first_failure is not None and root.first_failure["source"] == "torchrun-summary"
     assert (root.first_failure["rank"], root.first_failure["host"]) == (1, "dgx-a100-02.cse.iith.ac.in")
@@ -622,9 +689,20 @@ def test_accelerate_stderr_prefixed_summary_gives_ranks_and_hosts() -> None:
 def test_rich_boxed_tracebacks_are_frames() -> None:
     # accelerate's rich tracebacks: box lines are source and frames, never errors or matches
     prepare = Code(
-        code="TDT08", name="prepare-frame", family="dist-env", severity=Severity.ERROR, area="distributed",
-        title="t", message="m", fix="f", meaning="-", why="-", false_positives="-",
-        signatures=(Signature(role=Role.ROOT_CAUSE, triggers=("accelerator.prepare",), pattern=r"accelerator\.prepare"),),
+        code="TDT08",
+        name="prepare-frame",
+        family="dist-env",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="t",
+        message="m",
+        fix="f",
+        meaning="-",
+        why="-",
+        false_positives="-",
+        signatures=(
+            Signature(role=Role.ROOT_CAUSE, triggers=("accelerator.prepare",), pattern=r"accelerator\.prepare"),
+        ),
     )
     start = explain(PASTES / "accelerate-882-rich-box-start.log", codes=[prepare])
     assert start.codes() == [] and start.unmatched_errors == []

@@ -138,8 +138,12 @@ def test_frozen_half_is_unchanged() -> None:
 def test_frozen_half_never_shows_a_report(tmp_path: Path) -> None:
     """Whatever the flags, the harness prints only totals for the frozen half."""
     for flags, totals in (([], "right family first: "), (["--json"], '"right_family_first": ')):
-        proc = subprocess.run([sys.executable, str(HARNESS), "--set", "frozen", "--family", "nccl", *flags],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, str(HARNESS), "--set", "frozen", "--family", "nccl", *flags],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         assert not any(r.path.stem in proc.stdout for r in FROZEN)
         assert totals in proc.stdout, (flags, proc.stdout[-500:])
@@ -147,7 +151,9 @@ def test_frozen_half_never_shows_a_report(tmp_path: Path) -> None:
 
 def test_thread_key_normalises() -> None:
     assert thread_key("https://github.com/NVIDIA/nccl/issues/473#issuecomment-1)") == "github.com/nvidia/nccl/473"
-    assert thread_key("https://github.com/openai/CLIP/pull/151") == thread_key("https://github.com/openai/clip/issues/151")
+    assert thread_key("https://github.com/openai/CLIP/pull/151") == thread_key(
+        "https://github.com/openai/clip/issues/151"
+    )
     assert thread_key("https://github.com/a/b/issues/1") != thread_key("https://github.com/a/b/issues/10")
 
 
@@ -166,11 +172,15 @@ def test_accuracy_does_not_regress(measured) -> None:
     results, summary = measured
     assert summary["reports"] == len(REPORTS)
     assert len(results) == len(REPORTS)
-    misses = "\n".join(f"  {r.id}: expected {r.expected}, top {r.top_code} {r.top_family}" for r in results if not r.hit)
+    misses = "\n".join(
+        f"  {r.id}: expected {r.expected}, top {r.top_code} {r.top_family}" for r in results if not r.hit
+    )
     assert summary["right_family_first"] >= RIGHT_FAMILY_FLOOR, (
-        f"right family first fell to {summary['right_family_first']:.1%} (floor {RIGHT_FAMILY_FLOOR:.0%}); misses:\n{misses}")
+        f"right family first fell to {summary['right_family_first']:.1%} (floor {RIGHT_FAMILY_FLOOR:.0%}); misses:\n{misses}"
+    )
     assert summary["fix_named"] >= FIX_NAMED_FLOOR, (
-        f"fix named fell to {summary['fix_named']:.1%} (floor {FIX_NAMED_FLOOR:.0%})")
+        f"fix named fell to {summary['fix_named']:.1%} (floor {FIX_NAMED_FLOOR:.0%})"
+    )
 
 
 def test_world_accuracy_does_not_regress() -> None:
@@ -190,8 +200,12 @@ def test_harness_judges_hits_and_misses(measured) -> None:
 
 
 def test_cli_json_exits_zero() -> None:
-    proc = subprocess.run([sys.executable, str(HARNESS), "--set", "old", "--json", "--family", "cuda-oom"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), "--set", "old", "--json", "--family", "cuda-oom"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["summary"]["reports"] == sum(r.family == "cuda-oom" for r in REPORTS)

@@ -54,7 +54,7 @@ def parse_fixture(path: Path) -> LogFixture:
         m = re.match(r"# ([\w-]+):\s*(.*)$", line)
         if m:
             header.setdefault(m.group(1).lower(), []).append(m.group(2))
-    return LogFixture(path, path.parent.name, path.name.startswith("near-"), header, "\n".join(lines[end + 1:]))
+    return LogFixture(path, path.parent.name, path.name.startswith("near-"), header, "\n".join(lines[end + 1 :]))
 
 
 def all_fixtures() -> list[LogFixture]:
@@ -104,8 +104,7 @@ def test_every_code_with_signatures_has_a_positive_and_a_near_miss() -> None:
     for fx in FIXTURES:
         kinds.setdefault(fx.code, set()).add("near-miss" if fx.near_miss else "positive")
     missing = {
-        c.code: sorted({"positive", "near-miss"} - kinds.get(c.code, set()))
-        for c in CODES.values() if c.signatures
+        c.code: sorted({"positive", "near-miss"} - kinds.get(c.code, set())) for c in CODES.values() if c.signatures
     }
     missing = {code: what for code, what in missing.items() if what}
     assert not missing, "codes with signatures that lack a real fixture: " + ", ".join(

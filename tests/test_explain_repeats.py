@@ -100,7 +100,9 @@ def test_a_failure_every_rank_prints_is_listed_on_every_rank_without_reading_eac
     """The same failure line from 2,000 ranks, spread over several blocks of noise: each rank is
     listed (its line is an *echo* of the first: same shape, only its prefix parsed), and the lines
     are counted as skipped repeats, not matched one by one."""
-    failure = next(line for line in _fixture("TD150/lab-fd-queue-ancdata.log") if line.startswith("RuntimeError: received"))
+    failure = next(
+        line for line in _fixture("TD150/lab-fd-queue-ancdata.log") if line.startswith("RuntimeError: received")
+    )
     noise = bench.world_block(__import__("random").Random(2), 0, 4000)
     log = tmp_path / "ranks.log"
     with open(log, "w", encoding="utf-8") as fh:

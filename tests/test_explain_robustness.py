@@ -189,16 +189,20 @@ def test_cli_hundred_thousand_ranks(tmp_path: Path) -> None:
 # lines cut from recorded fixtures, and the public pastes in tests/fixtures/explain/pastes (SOURCE.md).
 
 PASTES = FIXTURES / "explain" / "pastes"
-WATCHDOG = next(line for line in fixture_body(FIXTURES / "logs" / "TD490" / "open-clip-1024-torch-2.5.1.log")
-                if "Watchdog caught" in line)
-USER_WARNING = next(line for line in fixture_body(FIXTURES / "logs" / "TD655" / "lab-ckpt-save-disk-full.log")
-                    if "UserWarning" in line)
+WATCHDOG = next(
+    line
+    for line in fixture_body(FIXTURES / "logs" / "TD490" / "open-clip-1024-torch-2.5.1.log")
+    if "Watchdog caught" in line
+)
+USER_WARNING = next(
+    line for line in fixture_body(FIXTURES / "logs" / "TD655" / "lab-ckpt-save-disk-full.log") if "UserWarning" in line
+)
 
 
 def test_a_line_cut_inside_its_pattern_is_recognised_without_the_lost_values() -> None:
     # the watchdog line cut short (as a paste or an excerpt cuts it): TD490's trigger is there, the
     # values after the cut ("Timeout(ms)=...") are not; recognition must not depend on them
-    cut = WATCHDOG[:WATCHDOG.index("Timeout(ms)")]
+    cut = WATCHDOG[: WATCHDOG.index("Timeout(ms)")]
     report = explain(cut, codes=[lookup("TD490")])
     assert report.codes() == ["TD490"] and report.diagnoses[0].rank == 5
     assert report.diagnoses[0].values["timeout_ms"] == "?"
@@ -206,7 +210,7 @@ def test_a_line_cut_inside_its_pattern_is_recognised_without_the_lost_values() -
     full = explain(WATCHDOG, codes=[lookup("TD490")])
     assert full.codes() == ["TD490"] and full.diagnoses[0].values["timeout_ms"] != "?"
     # cut before the core phrase is complete: the trigger is not held in full, so no match
-    early = WATCHDOG[:WATCHDOG.index("operation timeout") + len("operation")]
+    early = WATCHDOG[: WATCHDOG.index("operation timeout") + len("operation")]
     assert explain(early, codes=[lookup("TD490")]).codes() == []
 
 
@@ -218,7 +222,9 @@ def test_a_warning_is_shown_when_it_is_all_there_is() -> None:
 def test_nccl_tests_failure_line_is_shown() -> None:
     # no signature at all: the error words alone must surface the line
     report = explain(PASTES / "nccl-tests-166-failure.log", codes=[])
-    assert report.unmatched_errors[0].ref.text.startswith("ubuntu: Test NCCL failure common.cu:958 'unhandled system error")
+    assert report.unmatched_errors[0].ref.text.startswith(
+        "ubuntu: Test NCCL failure common.cu:958 'unhandled system error"
+    )
     assert report.first_failure is None  # no exception line: nothing to call the first failure
 
 
@@ -244,7 +250,9 @@ def test_a_flattened_paste_is_diagnosed_like_the_original() -> None:
     whole = explain(lines, codes=CODES)
     flat = explain(" ".join(lines), codes=CODES)
     assert whole.root_cause is not None and flat.root_cause is not None
-    assert (flat.root_cause.code, flat.root_cause.rank) == (whole.root_cause.code, whole.root_cause.rank) == ("TDT01", 2)
+    assert (
+        (flat.root_cause.code, flat.root_cause.rank) == (whole.root_cause.code, whole.root_cause.rank) == ("TDT01", 2)
+    )
     assert flat.root_cause.traceback == whole.root_cause.traceback
     assert flat.root_cause.evidence[0].line == 1
     assert flat.root_cause.evidence[0].text == lines[-1]
@@ -268,17 +276,19 @@ def test_chained_tracebacks_belong_to_their_match() -> None:
     body = fixture_body(FIXTURES / "logs" / "TD156" / "lab-shm-no-space.log")
     report = explain(body, codes=[lookup("TD156")])
     assert report.root_cause is not None and report.unmatched_errors == []
-    assert any("Caught RuntimeError in DataLoader worker" in u.ref.text for u in explain(body, codes=[]).unmatched_errors)
+    assert any(
+        "Caught RuntimeError in DataLoader worker" in u.ref.text for u in explain(body, codes=[]).unmatched_errors
+    )
 
 
 def test_relevance_tiers_on_real_lines() -> None:
     killed = next(line for line in CONSOLE.read_text(encoding="utf-8").split("\n") if "exitcode  : -15" in line)
     assert relevance(rank_lines(2)[-1], closes_traceback=True) == (4, False)
-    assert relevance(rank_lines(2)[-1])[0] == 3                      # RuntimeError: Parent directory ...
-    assert relevance(killed.strip()) == (3, False)                    # exitcode  : -15 (pid: ...)  (SIGTERM)
-    assert relevance(USER_WARNING)[0] == 1                            # a warning, though it says "Failed"
-    assert relevance("step 0 loss 1.0000 sum 4") == (0, False)        # progress
-    assert relevance(fixture_body(TD150_LOG)[3]) == (0, False)         # a frame
+    assert relevance(rank_lines(2)[-1])[0] == 3  # RuntimeError: Parent directory ...
+    assert relevance(killed.strip()) == (3, False)  # exitcode  : -15 (pid: ...)  (SIGTERM)
+    assert relevance(USER_WARNING)[0] == 1  # a warning, though it says "Failed"
+    assert relevance("step 0 loss 1.0000 sum 4") == (0, False)  # progress
+    assert relevance(fixture_body(TD150_LOG)[3]) == (0, False)  # a frame
     assert relevance("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ") == (2, True)
 
 

@@ -46,13 +46,18 @@ def test_the_reported_case_usr_bin_ls() -> None:
 
 def test_gzip_of_an_executable_is_refused(tmp_path: Path) -> None:
     packed = tmp_path / "python.gz"
-    packed.write_bytes(gzip.compress(EXECUTABLE.read_bytes()[:1 << 20]))
+    packed.write_bytes(gzip.compress(EXECUTABLE.read_bytes()[: 1 << 20]))
     assert_refused(run_cli("explain", str(packed)), str(packed))
 
 
 def test_binary_on_stdin_is_refused() -> None:
-    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "explain", "-"], input=EXECUTABLE.read_bytes()[:1 << 20],
-                          capture_output=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "explain", "-"],
+        input=EXECUTABLE.read_bytes()[: 1 << 20],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2 and b"Traceback" not in proc.stderr
     assert proc.stderr.decode().strip().startswith("torchdoctor: error: standard input is an ELF executable")
 

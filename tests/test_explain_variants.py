@@ -29,7 +29,7 @@ PLACEHOLDERS = ("XXX", "...", "<path>", "***", "N", "[redacted]", "xxxx", "<ip>"
 
 def _body(path: Path) -> list[str]:
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    return lines[lines.index("# ---") + 1:]
+    return lines[lines.index("# ---") + 1 :]
 
 
 def _exact_lines() -> list[tuple[str, int, Signature]]:
@@ -78,7 +78,7 @@ NEAR = sorted(p for p in (FIXTURES / "logs").glob("TD*/near-*.log"))
 
 def _shown(name: str, index: int, variant: str) -> bool:
     body = _body(FIXTURES / "logs" / name)
-    body[index:index + 1] = variant.split("\n")
+    body[index : index + 1] = variant.split("\n")
     return bool(shows("\n".join(body), Path(name).parent.name))
 
 
@@ -90,14 +90,19 @@ def test_there_are_cases() -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}:{c[1] + 1}")
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_values_scrubbed_to_placeholders_are_still_recognised(case: tuple[str, int, Signature], data: st.DataObject) -> None:
+def test_values_scrubbed_to_placeholders_are_still_recognised(
+    case: tuple[str, int, Signature], data: st.DataObject
+) -> None:
     name, index, sig = case
     raw = _body(FIXTURES / "logs" / name)[index]
     m = sig.regex.search(raw)
     assert m is not None
     core = [(raw.find(t, m.start()), len(t)) for t in sig.triggers if raw.find(t, m.start()) >= 0]
-    groups = [g for g in m.re.groupindex if m.start(g) >= 0 and m.end(g) > m.start(g)
-              and not any(s < m.end(g) and m.start(g) < s + n for s, n in core)]  # never the core phrase
+    groups = [
+        g
+        for g in m.re.groupindex
+        if m.start(g) >= 0 and m.end(g) > m.start(g) and not any(s < m.end(g) and m.start(g) < s + n for s, n in core)
+    ]  # never the core phrase
     if not groups:
         return
     chosen = data.draw(st.lists(st.sampled_from(groups), min_size=1, unique=True), label="scrubbed groups")
@@ -112,11 +117,16 @@ def test_values_scrubbed_to_placeholders_are_still_recognised(case: tuple[str, i
     assert _shown(name, index, variant), f"{name}: not recognised once scrubbed: {variant!r}"
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_known("cut", f"{c[0]}:{c[1] + 1}")) for c in CASES],
-                         ids=lambda c: f"{c[0]}:{c[1] + 1}")
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=_known("cut", f"{c[0]}:{c[1] + 1}")) for c in CASES],
+    ids=lambda c: f"{c[0]}:{c[1] + 1}",
+)
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_a_line_cut_after_its_core_phrase_is_still_recognised(case: tuple[str, int, Signature], data: st.DataObject) -> None:
+def test_a_line_cut_after_its_core_phrase_is_still_recognised(
+    case: tuple[str, int, Signature], data: st.DataObject
+) -> None:
     name, index, sig = case
     raw = _body(FIXTURES / "logs" / name)[index]
     m = sig.regex.search(raw)
@@ -130,8 +140,11 @@ def test_a_line_cut_after_its_core_phrase_is_still_recognised(case: tuple[str, i
     assert _shown(name, index, variant), f"{name}: not recognised once cut: {variant!r}"
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_known("wrap", f"{c[0]}:{c[1] + 1}")) for c in CASES],
-                         ids=lambda c: f"{c[0]}:{c[1] + 1}")
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=_known("wrap", f"{c[0]}:{c[1] + 1}")) for c in CASES],
+    ids=lambda c: f"{c[0]}:{c[1] + 1}",
+)
 def test_a_line_wrapped_at_80_columns_is_still_recognised(case: tuple[str, int, Signature]) -> None:
     """Known limit: the engine reads only lines holding a literal (an error word or a trigger), so a
     wrap whose first piece holds none (prose, a bare ``[file.cc:761] connect ...:``) is not joined;
@@ -149,15 +162,22 @@ def test_wrap_limit_is_small() -> None:
     """The wraps skipped above (first piece without any literal) are few."""
     skipped = 0
     for name, index, _ in CASES:
-        pieces = textwrap.wrap(_body(FIXTURES / "logs" / name)[index], 80, break_long_words=False, break_on_hyphens=False)
+        pieces = textwrap.wrap(
+            _body(FIXTURES / "logs" / name)[index], 80, break_long_words=False, break_on_hyphens=False
+        )
         skipped += len(pieces) >= 2 and not INDEX.ids_in(pieces[0])
     assert skipped <= len(CASES) // 20, f"{skipped} of {len(CASES)} wrapped lines start without a literal"
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=_known("near", f"{p.parent.name}/{p.name}")) for p in NEAR],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=_known("near", f"{p.parent.name}/{p.name}")) for p in NEAR],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
 def test_near_miss_with_digits_scrubbed_stays_a_near_miss(path: Path) -> None:
     body = "\n".join(_body(path))
     for placeholder in ("XXX", "..."):
         scrubbed = re.sub(r"\d+", placeholder, body)
-        assert not shows(scrubbed, lookup(path.parent.name)), f"{path.name} matched once its digits became {placeholder}"
+        assert not shows(scrubbed, lookup(path.parent.name)), (
+            f"{path.name} matched once its digits became {placeholder}"
+        )

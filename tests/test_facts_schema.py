@@ -43,6 +43,7 @@ MiB = 1024 * 1024
 
 # -- spying on what checks read ------------------------------------------------------------------
 
+
 class _Spy:
     """Stands in for a record and writes down the fact path of every attribute read through it."""
 
@@ -135,6 +136,7 @@ def produced_by(data: dict[str, Any]) -> set[str]:
 
 # -- samples of what gatherers write ---------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """This machine, with a writable, a missing, an impossible and an unstat-able (a symlink loop)
@@ -142,8 +144,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("paths")
     (tmp / "loop1").symlink_to(tmp / "loop2")
     (tmp / "loop2").symlink_to(tmp / "loop1")
-    ctx = GatherContext(paths=(str(tmp), str(tmp / "a" / "b"), "/etc/passwd/ckpt", "/etc/passwd", str(tmp / "loop1")),
-                        dist=True)
+    ctx = GatherContext(
+        paths=(str(tmp), str(tmp / "a" / "b"), "/etc/passwd/ckpt", "/etc/passwd", str(tmp / "loop1")), dist=True
+    )
     return gather(ctx).to_json()
 
 
@@ -167,8 +170,9 @@ def _cv2(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(cpu_facts.importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "cv2" else real(name, *a))
+    monkeypatch.setattr(
+        cpu_facts.importlib.util, "find_spec", lambda name, *a: object() if name == "cv2" else real(name, *a)
+    )
 
     class Ctx(GatherContext):
         def run(self, argv: list[str], timeout: float | None = None) -> RunResult:
@@ -196,19 +200,37 @@ def samples(live: dict[str, Any]) -> list[dict[str, Any]]:
     docs = [live] + [json.loads(p.read_text()) for p in RECORDED]
     docs += [{"dist": _held_port_dist()}, {"dist": _unresolvable_dist()}]
     docs += [{"gpu": g} for g in _gpu_sections()]
-    docs.append({"paths": {"entries": [paths_facts._timed_out("/mnt/hung", 6.0),
-                                       {**paths_facts._timed_out("/odd", 0), "timed_out": False, "error": "OSError: x"}]}})
+    docs.append(
+        {
+            "paths": {
+                "entries": [
+                    paths_facts._timed_out("/mnt/hung", 6.0),
+                    {**paths_facts._timed_out("/odd", 0), "timed_out": False, "error": "OSError: x"},
+                ]
+            }
+        }
+    )
     docs.append({"torch": gather(GatherContext(torch=False), sections=["torch"]).to_json()["torch"]})
     return docs
 
 
-def test_every_fact_a_check_reads_is_written_by_a_gatherer(samples: list[dict[str, Any]],
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_fact_a_check_reads_is_written_by_a_gatherer(
+    samples: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     produced: set[str] = set()
     for doc in samples + [{"cpu": {"cv2": _cv2(monkeypatch)}}]:
         produced |= produced_by(doc)
-    options = [CheckOptions(), CheckOptions(num_workers=64, batch_bytes=8 * 1024 * MiB, expect_bytes=10**15,
-                                            nproc_per_node=8, dist=True, start_method="spawn")]
+    options = [
+        CheckOptions(),
+        CheckOptions(
+            num_workers=64,
+            batch_bytes=8 * 1024 * MiB,
+            expect_bytes=10**15,
+            nproc_per_node=8,
+            dist=True,
+            start_method="spawn",
+        ),
+    ]
     read: set[str] = set()
     for doc in samples[: 1 + len(RECORDED)]:  # the live machine and every recorded snapshot
         read |= reads_of(doc, options)
@@ -226,8 +248,9 @@ NEVER_SAMPLED = {
 }
 
 
-def test_every_schema_key_is_written_by_some_gatherer(samples: list[dict[str, Any]],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_schema_key_is_written_by_some_gatherer(
+    samples: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     produced: set[str] = set()
     for doc in samples + [{"cpu": {"cv2": _cv2(monkeypatch)}}]:
         produced |= produced_by(doc)
@@ -251,9 +274,19 @@ def test_recorded_snapshots_fit_the_schema_completely(path: Path) -> None:
 
 def test_a_gatherer_that_drifts_from_the_schema_is_contained() -> None:
     ctx = GatherContext(env={})
-    section = {"path": "/dev/shm", "exists": True, "mounted": True, "mount": None, "fstype": "tmpfs",
-               "mount_size_option": None, "size_bytes": "64m", "free_bytes": 1, "used_bytes": 0, "inodes_free": 5,
-               "size_mb": 64}
+    section = {
+        "path": "/dev/shm",
+        "exists": True,
+        "mounted": True,
+        "mount": None,
+        "fstype": "tmpfs",
+        "mount_size_option": None,
+        "size_bytes": "64m",
+        "free_bytes": 1,
+        "used_bytes": 0,
+        "inodes_free": 5,
+        "size_mb": 64,
+    }
     fixed = _conform(ctx, "shm", section)
     assert fixed["size_bytes"] is None and "size_mb" not in fixed and fixed["free_bytes"] == 1
     assert "torchdoctor bug" in ctx.unknowns["shm.size_bytes"] and "shm.size_mb" in ctx.unknowns
@@ -266,17 +299,21 @@ CHECK_SOURCES = [*sorted((REPO / "src" / "torchdoctor" / "catalogue").glob("*.py
 
 def test_checks_read_typed_facts_not_dotted_strings() -> None:
     pattern = re.compile(r"facts\.(get|section)\(")
-    offenders = [f"{p.name}:{n}" for p in CHECK_SOURCES for n, line in enumerate(p.read_text().splitlines(), 1)
-                 if pattern.search(line)]
+    offenders = [
+        f"{p.name}:{n}"
+        for p in CHECK_SOURCES
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert offenders == []
 
 
-def test_every_dotted_fact_path_left_in_the_code_is_in_the_schema() -> None:
+def test_no_code_reads_a_fact_by_dotted_path() -> None:
+    """Every reader uses the typed attributes; ``Facts.get`` is left for tools and tests."""
     used = set()
     for p in (REPO / "src" / "torchdoctor").rglob("*.py"):
-        used |= set(re.findall(r"facts\.get\(\s*[\"']([^\"']+)[\"']", p.read_text()))
-    assert used  # probes/ still reads three facts by path
-    assert sorted(p for p in used if schema.resolve_path(p) is None) == []
+        used |= {f"{p.name}: {m}" for m in re.findall(r"facts\.get\(\s*[\"']([^\"']+)[\"']", p.read_text())}
+    assert used == set()
 
 
 def test_get_refuses_a_path_that_is_not_in_the_schema() -> None:
@@ -303,6 +340,7 @@ def test_typed_sections_are_falsy_when_absent_and_odd_values_read_as_unknown() -
 
 # -- bad --facts files through the CLI ------------------------------------------------------------
 
+
 def _recorded(change: Any = None) -> dict[str, Any]:
     data = json.loads(SLURM.read_text())
     if change:
@@ -321,19 +359,32 @@ def _check_file(tmp_path: Path, content: str | bytes) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("change, expected", [
-    (lambda d: d["shm"].update(size_bytes="big"), 'shm.size_bytes: expected an integer (bytes) or null, got "big"'),
-    (lambda d: d["cpu"].update(usable_cores=True), "cpu.usable_cores: expected a number (CPUs) or null, got true"),
-    (lambda d: d["gpu"]["devices"][2]["memory"].update(total_bytes=[1]),
-     "gpu.devices[2].memory.total_bytes: expected an integer (bytes) or null, got a list"),
-    (lambda d: d["shm"].update(size=1), "shm.size: not a fact this torchdoctor knows (did you mean shm.size_bytes?)"),
-    (lambda d: d.pop("gpu"), "gpu: missing section (expected an object, or null with the reason under unknown.gpu)"),
-    (lambda d: d["memory"].pop("total_bytes"), "memory.total_bytes: missing (expected an integer (bytes) or null)"),
-    (lambda d: d.update(shm=None), "shm: is null without a reason under unknown.shm"),
-    (lambda d: d["dist"].update(ints={"RANK": "0"}), 'dist.ints.RANK: expected an integer, got "0"'),
-    (lambda d: d["shm"].update(size_bytes=10**30), "shm.size_bytes: expected an integer (bytes) or null, got a "
-                                                   "31-digit integer"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda d: d["shm"].update(size_bytes="big"), 'shm.size_bytes: expected an integer (bytes) or null, got "big"'),
+        (lambda d: d["cpu"].update(usable_cores=True), "cpu.usable_cores: expected a number (CPUs) or null, got true"),
+        (
+            lambda d: d["gpu"]["devices"][2]["memory"].update(total_bytes=[1]),
+            "gpu.devices[2].memory.total_bytes: expected an integer (bytes) or null, got a list",
+        ),
+        (
+            lambda d: d["shm"].update(size=1),
+            "shm.size: not a fact this torchdoctor knows (did you mean shm.size_bytes?)",
+        ),
+        (
+            lambda d: d.pop("gpu"),
+            "gpu: missing section (expected an object, or null with the reason under unknown.gpu)",
+        ),
+        (lambda d: d["memory"].pop("total_bytes"), "memory.total_bytes: missing (expected an integer (bytes) or null)"),
+        (lambda d: d.update(shm=None), "shm: is null without a reason under unknown.shm"),
+        (lambda d: d["dist"].update(ints={"RANK": "0"}), 'dist.ints.RANK: expected an integer, got "0"'),
+        (
+            lambda d: d["shm"].update(size_bytes=10**30),
+            "shm.size_bytes: expected an integer (bytes) or null, got a 31-digit integer",
+        ),
+    ],
+)
 def test_a_wrong_fact_is_one_clear_line(tmp_path: Path, change: Any, expected: str) -> None:
     lines = _check_file(tmp_path, json.dumps(_recorded(change)))
     assert len(lines) == 1 and lines[0].endswith(expected), lines
@@ -341,8 +392,18 @@ def test_a_wrong_fact_is_one_clear_line(tmp_path: Path, change: Any, expected: s
 
 def test_several_problems_one_line_each_at_most_ten(tmp_path: Path) -> None:
     def many(d: dict[str, Any]) -> None:
-        for i, key in enumerate(["total_bytes", "available_bytes", "free_bytes", "swap_total_bytes", "swap_free_bytes",
-                                 "shmem_bytes", "commit_limit_bytes", "committed_bytes"]):
+        for i, key in enumerate(
+            [
+                "total_bytes",
+                "available_bytes",
+                "free_bytes",
+                "swap_total_bytes",
+                "swap_free_bytes",
+                "shmem_bytes",
+                "commit_limit_bytes",
+                "committed_bytes",
+            ]
+        ):
             d["memory"][key] = f"x{i}"
         d["shm"].update(size_bytes="big", free_bytes="small", used_bytes={}, inodes_free=-0.5)
 
@@ -367,12 +428,18 @@ def test_a_huge_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
     assert f"is 200.0 MiB; a facts snapshot is at most {MAX_FACTS_BYTES // MiB} MiB" in proc.stderr
 
 
-@pytest.mark.parametrize("content, expected", [
-    ("[" * 100_000 + "]" * 100_000, "nests JSON arrays or objects too deeply to read"),
-    ('{"meta": {"schema_version": 1}, "shm": {"size_bytes": ' + "9" * 5000 + "}}", "holds a number too long to read"),
-    ('{"meta": {"schema_version": 1}, "shm": {"size_bytes": NaN}}', "holds NaN, which is not a JSON value"),
-    (b'{"meta": {"schema_version": 1}, "host": "\xff"}', "is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nests JSON arrays or objects too deeply to read"),
+        (
+            '{"meta": {"schema_version": 1}, "shm": {"size_bytes": ' + "9" * 5000 + "}}",
+            "holds a number too long to read",
+        ),
+        ('{"meta": {"schema_version": 1}, "shm": {"size_bytes": NaN}}', "holds NaN, which is not a JSON value"),
+        (b'{"meta": {"schema_version": 1}, "host": "\xff"}', "is not UTF-8 text"),
+    ],
+)
 def test_unreadable_json_is_one_clear_line(tmp_path: Path, content: str | bytes, expected: str) -> None:
     lines = _check_file(tmp_path, content)
     assert len(lines) == 1 and expected in lines[0], lines
@@ -388,14 +455,16 @@ def test_a_good_file_still_checks(tmp_path: Path) -> None:
 
 # -- one count of training processes -----------------------------------------------------------------
 
+
 def test_slurm_snapshot_one_process_count_for_shm_memory_cpu_and_gpu() -> None:
     facts = Facts.load(SLURM)  # srun --ntasks-per-node=4: SLURM_NTASKS_PER_NODE=4, no LOCAL_WORLD_SIZE
     assert local_processes(facts, CheckOptions()) == LocalProcesses(4, "SLURM_NTASKS_PER_NODE", True)
     # make /dev/shm small and show each task two GPUs, so that TD102 and TD310 both have something to say
     facts.data["shm"] = {**facts.data["shm"], "free_bytes": 256 * MiB, "size_bytes": 256 * MiB}
     facts.data["gpu"] = copy.deepcopy(facts.data["gpu"])
-    facts.data["gpu"]["visible"].update(value="0,1", visible_indices=[0, 1], count=2,
-                                        entries=facts.data["gpu"]["visible"]["entries"][:2])
+    facts.data["gpu"]["visible"].update(
+        value="0,1", visible_indices=[0, 1], count=2, entries=facts.data["gpu"]["visible"]["entries"][:2]
+    )
     codes = [lookup(c) for c in ("TD102", "TD204", "TD250", "TD310")]
     got = {f.code: f for f in run_checks(facts, CheckOptions(batch_bytes=64 * MiB), codes=codes)}
     assert "4 process(es) × 4 workers" in got["TD102"].message
@@ -406,19 +475,24 @@ def test_slurm_snapshot_one_process_count_for_shm_memory_cpu_and_gpu() -> None:
         assert [(e.value, e.source) for e in counted] == [(4, "SLURM_NTASKS_PER_NODE")], code
     # and --nproc-per-node overrides it for all of them alike
     over = {f.code: f for f in run_checks(facts, CheckOptions(batch_bytes=64 * MiB, nproc_per_node=8), codes=codes)}
-    assert "8 process(es)" in over["TD102"].message and "8 processes per node (--nproc-per-node)" in over["TD310"].message
+    assert (
+        "8 process(es)" in over["TD102"].message and "8 processes per node (--nproc-per-node)" in over["TD310"].message
+    )
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({}, (1, False)),
-    ({"LOCAL_WORLD_SIZE": "8", "SLURM_NTASKS_PER_NODE": "1", "TORCHELASTIC_RUN_ID": "x"}, (8, True)),
-    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, (2, True)),
-    ({"SLURM_TASKS_PER_NODE": "2,8(x2)", "SLURM_NODEID": "2"}, (8, True)),
-    ({"SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_TASKS_PER_NODE": "4"}, (3, True)),
-    ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "5"}, (4, True)),  # one number: every node
-    ({"LOCAL_WORLD_SIZE": "four", "SLURM_NTASKS_PER_NODE": "2"}, (2, True)),  # not an integer: TD402's business
-    ({"LOCAL_WORLD_SIZE": "0"}, (1, False)),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, (1, False)),
+        ({"LOCAL_WORLD_SIZE": "8", "SLURM_NTASKS_PER_NODE": "1", "TORCHELASTIC_RUN_ID": "x"}, (8, True)),
+        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, (2, True)),
+        ({"SLURM_TASKS_PER_NODE": "2,8(x2)", "SLURM_NODEID": "2"}, (8, True)),
+        ({"SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_TASKS_PER_NODE": "4"}, (3, True)),
+        ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "5"}, (4, True)),  # one number: every node
+        ({"LOCAL_WORLD_SIZE": "four", "SLURM_NTASKS_PER_NODE": "2"}, (2, True)),  # not an integer: TD402's business
+        ({"LOCAL_WORLD_SIZE": "0"}, (1, False)),
+    ],
+)
 def test_local_processes_order(env: dict[str, str], expected: tuple[int, bool]) -> None:
     facts = Facts.from_dict({"meta": {"schema_version": 1}, "host": {"env": env}})
     got = local_processes(facts, CheckOptions())

@@ -36,19 +36,36 @@ MiB = 1024 * 1024
 V100 = "nvsmi-8x-v100s-busy.xml"
 A100 = "nvsmi-a100-mig.xml"
 GTX = "nvsmi-gtx1050-desktop.xml"
-TORCH_CUDA = {"installed": True, "version": "2.5.1+cu124", "cuda": "12.4", "cuda_build": True, "backends": {"nccl": True}}
+TORCH_CUDA = {
+    "installed": True,
+    "version": "2.5.1+cu124",
+    "cuda": "12.4",
+    "cuda_build": True,
+    "backends": {"nccl": True},
+}
 
 
 def report(name: str) -> dict[str, Any]:
     return parse_xml((GPU_DIR / name).read_text())
 
 
-def facts_for(report_: dict[str, Any] | None, env: dict[str, str] | None = None, torch: dict[str, Any] | None = None,
-              pid: int = 4242, reason: str | None = None) -> Facts:
+def facts_for(
+    report_: dict[str, Any] | None,
+    env: dict[str, str] | None = None,
+    torch: dict[str, Any] | None = None,
+    pid: int = 4242,
+    reason: str | None = None,
+) -> Facts:
     env = env or {}
     gpu = build_section(copy.deepcopy(report_), "nvidia-smi" if report_ else None, reason, env)
-    return Facts.from_dict({"meta": {"schema_version": 1}, "host": {"pid": pid, "env": env},
-                            "torch": torch if torch is not None else dict(TORCH_CUDA), "gpu": gpu})
+    return Facts.from_dict(
+        {
+            "meta": {"schema_version": 1},
+            "host": {"pid": pid, "env": env},
+            "torch": torch if torch is not None else dict(TORCH_CUDA),
+            "gpu": gpu,
+        }
+    )
 
 
 def hits(facts: Facts, code: str, opts: CheckOptions | None = None) -> list[Any]:
@@ -56,6 +73,7 @@ def hits(facts: Facts, code: str, opts: CheckOptions | None = None) -> list[Any]
 
 
 # -- live host: no GPU here ------------------------------------------------------------------------
+
 
 def test_live_host_reports_no_gpu_as_info_never_error() -> None:
     proc = run_cli("check", "--format", "json", "--no-torch", "--fail-on", "error")
@@ -68,8 +86,10 @@ def test_live_host_reports_no_gpu_as_info_never_error() -> None:
 
 
 def test_live_gather_reads_nvml_without_torch_or_cuda() -> None:
-    code = ("import sys, json; from torchdoctor.facts import gather; f = gather(sections=['gpu']); "
-            "print(json.dumps({'gpu': f.data['gpu'], 'unknown': f.unknown, 'torch': 'torch' in sys.modules}))")
+    code = (
+        "import sys, json; from torchdoctor.facts import gather; f = gather(sections=['gpu']); "
+        "print(json.dumps({'gpu': f.data['gpu'], 'unknown': f.unknown, 'torch': 'torch' in sys.modules}))"
+    )
     out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert out["torch"] is False
     assert out["gpu"]["available"] is False and out["gpu"]["device_count"] == 0
@@ -97,8 +117,10 @@ def test_falls_back_to_a_real_nvidia_smi_process_when_nvml_fails(tmp_path: Path)
 
 
 def test_a_failing_nvidia_smi_becomes_the_reason(tmp_path: Path) -> None:
-    msg = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-           "Make sure that the latest NVIDIA driver is installed and running.")
+    msg = (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running."
+    )
     env = _fake_smi(tmp_path, f'echo "{msg}"\nexit 9\n')
     section = gather(GatherContext(env=env), sections=["gpu"]).data["gpu"]
     assert section["available"] is False
@@ -113,36 +135,63 @@ def test_a_hanging_nvidia_smi_is_bounded(tmp_path: Path) -> None:
 
 # -- the nvidia-smi parser on real reports ------------------------------------------------------------
 
+
 def test_parses_the_busy_8_gpu_server() -> None:
     r = report(V100)
     assert (r["driver_version"], r["cuda_driver_version"], r["attached_gpus"]) == ("460.73.01", "11.2", 8)
-    assert [d["pci_bus_id"][-7:] for d in r["devices"]] == ["00:0D.0", "00:0E.0", "00:0F.0", "00:10.0",
-                                                            "00:11.0", "00:12.0", "00:13.0", "00:14.0"]
+    assert [d["pci_bus_id"][-7:] for d in r["devices"]] == [
+        "00:0D.0",
+        "00:0E.0",
+        "00:0F.0",
+        "00:10.0",
+        "00:11.0",
+        "00:12.0",
+        "00:13.0",
+        "00:14.0",
+    ]
     d3 = r["devices"][3]
     assert d3["index"] == 3 and d3["minor_number"] == 3 and d3["name"] == "Tesla V100S-PCIE-32GB"
     assert d3["memory"] == {"total_bytes": 32510 * MiB, "used_bytes": 32099 * MiB, "free_bytes": 411 * MiB}
     assert d3["utilization"] == {"gpu_percent": 23, "memory_percent": 12}
     assert (d3["compute_mode"], d3["persistence_mode"]) == ("Default", False)
     assert d3["ecc"] == {"enabled": True, "volatile_uncorrected": 0}
-    assert d3["processes"] == [{"pid": 37305, "type": "C", "name": "python", "used_memory_bytes": 32093 * MiB,
-                                "gpu_instance_id": None, "compute_instance_id": None}]
+    assert d3["processes"] == [
+        {
+            "pid": 37305,
+            "type": "C",
+            "name": "python",
+            "used_memory_bytes": 32093 * MiB,
+            "gpu_instance_id": None,
+            "compute_instance_id": None,
+        }
+    ]
     assert d3["mig"] == {"current": None, "pending": None, "devices": []}
 
 
 def test_parses_an_a100_in_mig_mode_with_the_v12_layout() -> None:
     r = report(A100)
-    assert (r["driver_version"], r["cuda_driver_version"], r["attached_gpus"], len(r["devices"])) == ("535.54.03", "12.2", 4, 1)
+    assert (r["driver_version"], r["cuda_driver_version"], r["attached_gpus"], len(r["devices"])) == (
+        "535.54.03",
+        "12.2",
+        4,
+        1,
+    )
     dev = r["devices"][0]
     assert dev["utilization"] == {"gpu_percent": None, "memory_percent": None}  # N/A under MIG
     assert dev["mig"]["current"] == "Enabled"
-    assert [(m["gpu_instance_id"], m["memory_total_bytes"]) for m in dev["mig"]["devices"]] == [(g, 19968 * MiB) for g in (3, 4, 5, 6)]
+    assert [(m["gpu_instance_id"], m["memory_total_bytes"]) for m in dev["mig"]["devices"]] == [
+        (g, 19968 * MiB) for g in (3, 4, 5, 6)
+    ]
     assert dev["ecc"] == {"enabled": True, "volatile_uncorrected": 0}  # sram_/dram_uncorrectable
     assert dev["processes"] == []
 
 
 def test_parses_a_desktop_report_without_xml_declaration() -> None:
     dev = report(GTX)["devices"][0]
-    assert [(p["pid"], p["type"], p["used_memory_bytes"]) for p in dev["processes"]] == [(1200, "G", 61 * MiB), (30091, "G", MiB)]
+    assert [(p["pid"], p["type"], p["used_memory_bytes"]) for p in dev["processes"]] == [
+        (1200, "G", 61 * MiB),
+        (30091, "G", MiB),
+    ]
     assert dev["ecc"] == {"enabled": None, "volatile_uncorrected": None}
     assert dev["persistence_mode"] is True
 
@@ -165,6 +214,7 @@ def test_parser_raises_only_its_own_error(text: str) -> None:
 
 # -- the NVML path, replayed from the same recorded reports -------------------------------------------
 
+
 class NotSupported(Exception):
     pass
 
@@ -180,8 +230,11 @@ class RecordedNVML:
         return self.rep["devices"][h]
 
     def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: self.shutdowns += 1
-    def nvmlSystemGetDriverVersion(self) -> str: return self.rep["driver_version"]
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.rep["driver_version"]
 
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
         major, minor = self.rep["cuda_driver_version"].split(".")
@@ -192,11 +245,20 @@ class RecordedNVML:
             raise RuntimeError("GPU is lost")
         return len(self.rep["devices"])
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
-    def nvmlDeviceGetName(self, h: int) -> bytes: return self._dev(h)["name"].encode()
-    def nvmlDeviceGetUUID(self, h: int) -> str: return self._dev(h)["uuid"]
-    def nvmlDeviceGetPciInfo(self, h: int) -> Any: return SimpleNamespace(busId=self._dev(h)["pci_bus_id"].encode())
-    def nvmlDeviceGetMinorNumber(self, h: int) -> int: return self._dev(h)["minor_number"]
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return self._dev(h)["name"].encode()
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self._dev(h)["uuid"]
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return SimpleNamespace(busId=self._dev(h)["pci_bus_id"].encode())
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        return self._dev(h)["minor_number"]
 
     def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         m = self._dev(h)["memory"]
@@ -208,8 +270,11 @@ class RecordedNVML:
             raise NotSupported()
         return SimpleNamespace(gpu=u["gpu_percent"], memory=u["memory_percent"])
 
-    def nvmlDeviceGetComputeMode(self, h: int) -> int: return self.modes[self._dev(h)["compute_mode"]]
-    def nvmlDeviceGetPersistenceMode(self, h: int) -> int: return int(self._dev(h)["persistence_mode"])
+    def nvmlDeviceGetComputeMode(self, h: int) -> int:
+        return self.modes[self._dev(h)["compute_mode"]]
+
+    def nvmlDeviceGetPersistenceMode(self, h: int) -> int:
+        return int(self._dev(h)["persistence_mode"])
 
     def nvmlDeviceGetCurrentEccMode(self, h: int) -> int:
         if self._dev(h)["ecc"]["enabled"] is None:
@@ -221,11 +286,22 @@ class RecordedNVML:
         return self._dev(h)["ecc"]["volatile_uncorrected"]
 
     def _procs(self, h: int, kind: str) -> list[Any]:
-        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory_bytes"], gpuInstanceId=0xFFFFFFFF,
-                                computeInstanceId=0xFFFFFFFF) for p in self._dev(h)["processes"] if kind in p["type"]]
+        return [
+            SimpleNamespace(
+                pid=p["pid"],
+                usedGpuMemory=p["used_memory_bytes"],
+                gpuInstanceId=0xFFFFFFFF,
+                computeInstanceId=0xFFFFFFFF,
+            )
+            for p in self._dev(h)["processes"]
+            if kind in p["type"]
+        ]
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]: return self._procs(h, "C")
-    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[Any]: return self._procs(h, "G")
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return self._procs(h, "C")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[Any]:
+        return self._procs(h, "G")
 
     def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
         names = {"Enabled": 1, "Disabled": 0}
@@ -234,9 +310,14 @@ class RecordedNVML:
             raise NotSupported()
         return [names[mig["current"]], names[mig["pending"]]]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int: return len(self._dev(h)["mig"]["devices"])
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, i: int) -> tuple[int, int]: return (h, i)
-    def nvmlDeviceGetGpuInstanceId(self, m: tuple[int, int]) -> int: return self._dev(m[0])["mig"]["devices"][m[1]]["gpu_instance_id"]
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        return len(self._dev(h)["mig"]["devices"])
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, i: int) -> tuple[int, int]:
+        return (h, i)
+
+    def nvmlDeviceGetGpuInstanceId(self, m: tuple[int, int]) -> int:
+        return self._dev(m[0])["mig"]["devices"][m[1]]["gpu_instance_id"]
 
     def nvmlDeviceGetComputeInstanceId(self, m: tuple[int, int]) -> int:
         return self._dev(m[0])["mig"]["devices"][m[1]]["compute_instance_id"]
@@ -285,24 +366,32 @@ def test_gather_uses_nvml_when_it_answers(monkeypatch: pytest.MonkeyPatch) -> No
 DEVICES = report(V100)["devices"]
 
 
-@pytest.mark.parametrize(("value", "visible", "invalid", "ignored", "hides_all"), [
-    (None, list(range(8)), [], [], False),
-    ("0,2,-1,1", [0, 2], ["-1"], ["1"], False),  # the example in CUDA's documentation
-    ("2,1", [2, 1], [], [], False),
-    ("", [], [], [], True),
-    ("-1", [], ["-1"], [], True),
-    ("NoDevFiles", [], ["NoDevFiles"], [], True),
-    ("0,8,1", [0], ["8"], ["1"], False),
-    (" 3 , 7 ", [3, 7], [], [], False),
-    ("GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e,GPU-1d95", [0, 7], [], [], False),
-    ("GPU-3,0", [], ["GPU-3"], ["0"], False),  # two UUIDs start with GPU-3: ambiguous
-    ("GPU-ffffffff", [], ["GPU-ffffffff"], [], False),
-    ("1,1", [1], [], [], False),
-    ("1,²", [1], ["²"], [], False),  # a Unicode digit is not an index
-])
+@pytest.mark.parametrize(
+    ("value", "visible", "invalid", "ignored", "hides_all"),
+    [
+        (None, list(range(8)), [], [], False),
+        ("0,2,-1,1", [0, 2], ["-1"], ["1"], False),  # the example in CUDA's documentation
+        ("2,1", [2, 1], [], [], False),
+        ("", [], [], [], True),
+        ("-1", [], ["-1"], [], True),
+        ("NoDevFiles", [], ["NoDevFiles"], [], True),
+        ("0,8,1", [0], ["8"], ["1"], False),
+        (" 3 , 7 ", [3, 7], [], [], False),
+        ("GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e,GPU-1d95", [0, 7], [], [], False),
+        ("GPU-3,0", [], ["GPU-3"], ["0"], False),  # two UUIDs start with GPU-3: ambiguous
+        ("GPU-ffffffff", [], ["GPU-ffffffff"], [], False),
+        ("1,1", [1], [], [], False),
+        ("1,²", [1], ["²"], [], False),  # a Unicode digit is not an index
+    ],
+)
 def test_visible_devices_follow_cuda_rules(value, visible, invalid, ignored, hides_all) -> None:
     out = resolve_visible(value, DEVICES)
-    assert (out["visible_indices"], out["invalid"], out["ignored"], out["hides_all"]) == (visible, invalid, ignored, hides_all)
+    assert (out["visible_indices"], out["invalid"], out["ignored"], out["hides_all"]) == (
+        visible,
+        invalid,
+        ignored,
+        hides_all,
+    )
     assert out["count"] == len(visible)
 
 
@@ -316,9 +405,35 @@ def test_mig_identifiers() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.none(), st.text(max_size=60),
-                 st.lists(st.sampled_from(["0", "7", "8", "-1", "", " 2", "GPU-", "GPU-3", "GPU-2aa8", "MIG-x",
-                                           "MIG-GPU-39c3a168/1/0", "NoDevFiles", "x", "01", "²", "٣"]), max_size=6).map(",".join)))
+@given(
+    st.one_of(
+        st.none(),
+        st.text(max_size=60),
+        st.lists(
+            st.sampled_from(
+                [
+                    "0",
+                    "7",
+                    "8",
+                    "-1",
+                    "",
+                    " 2",
+                    "GPU-",
+                    "GPU-3",
+                    "GPU-2aa8",
+                    "MIG-x",
+                    "MIG-GPU-39c3a168/1/0",
+                    "NoDevFiles",
+                    "x",
+                    "01",
+                    "²",
+                    "٣",
+                ]
+            ),
+            max_size=6,
+        ).map(",".join),
+    )
+)
 def test_visible_devices_never_raise(value: str | None) -> None:
     out = resolve_visible(value, DEVICES)
     assert set(out["visible_indices"]) <= set(range(8))
@@ -327,6 +442,7 @@ def test_visible_devices_never_raise(value: str | None) -> None:
 
 
 # -- the checks, both ways -----------------------------------------------------------------------------
+
 
 def test_td301_no_gpu_is_info_and_absent_with_gpus() -> None:
     found = hits(facts_for(None, reason="the NVIDIA kernel driver is not loaded"), "TD301")
@@ -385,9 +501,13 @@ def test_td305_memory_held_by_others_real_report() -> None:
 def test_td305_warning_band() -> None:
     # Edit: GPU 7 given 40 % free instead of 9 %.
     total = 32510 * MiB
-    rep = _edited(V100, d7={"memory": {"total_bytes": total, "used_bytes": total * 6 // 10, "free_bytes": total * 4 // 10}})
+    rep = _edited(
+        V100, d7={"memory": {"total_bytes": total, "used_bytes": total * 6 // 10, "free_bytes": total * 4 // 10}}
+    )
     assert hits(facts_for(rep, {"CUDA_VISIBLE_DEVICES": "7"}), "TD305")[0].severity is Severity.WARNING
-    rep = _edited(V100, d7={"memory": {"total_bytes": total, "used_bytes": total * 4 // 10, "free_bytes": total * 6 // 10}})
+    rep = _edited(
+        V100, d7={"memory": {"total_bytes": total, "used_bytes": total * 4 // 10, "free_bytes": total * 6 // 10}}
+    )
     assert hits(facts_for(rep, {"CUDA_VISIBLE_DEVICES": "7"}), "TD305") == []
 
 
@@ -428,7 +548,11 @@ def test_td309_local_rank_beyond_visible_gpus() -> None:
 def test_td310_more_ranks_than_gpus() -> None:
     env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "LOCAL_WORLD_SIZE": "8"}
     found = hits(facts_for(report(V100), env), "TD310")
-    assert found[0].family == "nccl" and found[0].severity is Severity.ERROR and "Duplicate GPU detected" in found[0].message
+    assert (
+        found[0].family == "nccl"
+        and found[0].severity is Severity.ERROR
+        and "Duplicate GPU detected" in found[0].message
+    )
     no_nccl = dict(TORCH_CUDA, backends={"nccl": False})
     assert hits(facts_for(report(V100), env, torch=no_nccl), "TD310")[0].severity is Severity.WARNING
     assert hits(facts_for(report(V100), {**env, "LOCAL_WORLD_SIZE": "4"}), "TD310") == []
@@ -484,7 +608,9 @@ def test_slurm_snapshot_check_reports_the_full_gpus() -> None:
 
 def test_gpu_codes_are_in_range_and_related_codes_exist() -> None:
     codes = {c.code: c for c in all_codes()}
-    gpu = [c for c in codes.values() if c.area == "gpu" and c.check is not None]  # preflight codes; log codes are TD350+
+    gpu = [
+        c for c in codes.values() if c.area == "gpu" and c.check is not None
+    ]  # preflight codes; log codes are TD350+
     assert len(gpu) >= 10
     for c in gpu:
         assert 301 <= int(c.code[2:]) <= 349

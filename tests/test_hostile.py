@@ -30,9 +30,17 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("args", [["codes"], ["codes", "TD150"], ["check", "--no-torch"],
-                                  ["check", "--no-torch", "--format", "markdown"], ["lab", "list"],
-                                  ["explain", str(TD150)]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["codes"],
+        ["codes", "TD150"],
+        ["check", "--no-torch"],
+        ["check", "--no-torch", "--format", "markdown"],
+        ["lab", "list"],
+        ["explain", str(TD150)],
+    ],
+)
 @pytest.mark.parametrize("enc", [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "PYTHONIOENCODING": "latin-1"}])
 def test_output_degrades_to_what_the_terminal_can_show(args: list[str], enc: dict[str, str]) -> None:
     proc = subprocess.run([PY, "-m", "torchdoctor", *args], capture_output=True, env=_env(**enc), check=False)
@@ -45,16 +53,20 @@ def _exit_through_closed_pipe(args: list[str], tmp_path: Path) -> tuple[int, int
     """Exit status without and with ``| head -c1`` (the reader goes away after one byte)."""
     alone = subprocess.run([PY, "-m", "torchdoctor", *args], capture_output=True, env=_env(), check=False)
     script = '"$@" | head -c1 > /dev/null; echo "${PIPESTATUS[0]}"'
-    piped = subprocess.run(["bash", "-c", script, "sh", PY, "-m", "torchdoctor", *args],
-                           capture_output=True, env=_env(), check=False)
+    piped = subprocess.run(
+        ["bash", "-c", script, "sh", PY, "-m", "torchdoctor", *args], capture_output=True, env=_env(), check=False
+    )
     return alone.returncode, int(piped.stdout.decode().strip()), piped.stderr
 
 
-@pytest.mark.parametrize("args", [["codes", "--format", "json"], ["codes"], ["explain", "LOG"],
-                                  ["explain", "LOG", "--format", "json"]])
+@pytest.mark.parametrize(
+    "args", [["codes", "--format", "json"], ["codes"], ["explain", "LOG"], ["explain", "LOG", "--format", "json"]]
+)
 def test_a_closed_output_pipe_keeps_the_exit_status(args: list[str], tmp_path: Path) -> None:
     log = tmp_path / "big.log"
-    log.write_text(TD150.read_text(encoding="utf-8") + "".join(f"step {i} ok\n" for i in range(20_000)), encoding="utf-8")
+    log.write_text(
+        TD150.read_text(encoding="utf-8") + "".join(f"step {i} ok\n" for i in range(20_000)), encoding="utf-8"
+    )
     args = [str(log) if a == "LOG" else a for a in args]
     alone, piped, err = _exit_through_closed_pipe(args, tmp_path)
     assert piped == alone, err.decode(errors="replace")
@@ -94,8 +106,16 @@ def test_a_str_naming_a_file_is_text_and_warns(tmp_path: Path) -> None:
     assert explain(log).codes() == ["TD150"]  # a Path reads the file
 
 
-@pytest.mark.parametrize("kwargs", [{"num_workers": -1}, {"prefetch_factor": 0}, {"batch_bytes": -5},
-                                    {"nproc_per_node": 0}, {"start_method": "thread"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_workers": -1},
+        {"prefetch_factor": 0},
+        {"batch_bytes": -5},
+        {"nproc_per_node": 0},
+        {"start_method": "thread"},
+    ],
+)
 def test_check_options_reject_what_the_cli_rejects(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="CheckOptions"):
         CheckOptions(**kwargs)  # type: ignore[arg-type]
@@ -103,8 +123,13 @@ def test_check_options_reject_what_the_cli_rejects(kwargs: dict[str, object]) ->
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_while_explain_reads_stdin_exits_by_the_convention(sig: int, code: int) -> None:
-    proc = subprocess.Popen([PY, "-m", "torchdoctor", "explain", "-"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    proc = subprocess.Popen(
+        [PY, "-m", "torchdoctor", "explain", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
     assert proc.stdin is not None
     proc.stdin.write(b"step 1 ok\n" * 1000)
     proc.stdin.flush()
@@ -117,8 +142,13 @@ def test_a_signal_while_explain_reads_stdin_exits_by_the_convention(sig: int, co
 
 def _bus_error_line() -> str:
     root = FIXTURES / "logs" / "TD157"
-    return next(line for p in sorted(root.glob("*.log")) if not p.name.startswith("near-")
-                for line in p.read_text(encoding="utf-8").splitlines() if "is killed by signal: Bus error" in line)
+    return next(
+        line
+        for p in sorted(root.glob("*.log"))
+        if not p.name.startswith("near-")
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if "is killed by signal: Bus error" in line
+    )
 
 
 @pytest.mark.parametrize("piece", [None, 4096, 1 << 20])
@@ -127,15 +157,17 @@ def test_an_error_at_the_end_of_a_long_carriage_return_line_is_read(tmp_path: Pa
     error last, and so does explain (the line's tail is kept, not only its head)."""
     from torchdoctor.explain.sources import blocks
 
-    bar = "\r".join(f" {i * 100 // 2000:3d}%|#####     | {i}/2000 [00:{i % 60:02d}<01:00, 33.0it/s]" for i in range(2000))
+    bar = "\r".join(
+        f" {i * 100 // 2000:3d}%|#####     | {i}/2000 [00:{i % 60:02d}<01:00, 33.0it/s]" for i in range(2000)
+    )
     text = "epoch 1\n" + bar + "\r" + _bus_error_line() + "\nnext line\n"
     assert len(bar) > 64 * 1024
     if piece is None:
         report = explain(text)
     else:  # the same bytes as a file read in pieces of this size (the long line spans pieces)
         data = text.encode()
-        chunks = [data[i:i + piece] for i in range(0, len(data), piece)]
-        lines = [ln for b in blocks(chunks) for ln in b.data[b.start:b.end].split(b"\n")[:-1]]
+        chunks = [data[i : i + piece] for i in range(0, len(data), piece)]
+        lines = [ln for b in blocks(chunks) for ln in b.data[b.start : b.end].split(b"\n")[:-1]]
         assert len(lines) == 3 and lines[1].endswith(_bus_error_line().encode())
         if piece < len(data):  # a line spanning pieces is cut here; one inside a piece when it is read
             assert len(lines[1]) <= 64 * 1024 + 1

@@ -23,12 +23,23 @@ from .support.lab import (
     signature_values,
 )
 
-RUN_KEYS = {"scenario", "expected_family", "expected_code", "reproduced", "exit_code", "seconds",
-            "explained_family", "explained_code", "fixed_passed", "output_tail"}
+RUN_KEYS = {
+    "scenario",
+    "expected_family",
+    "expected_code",
+    "reproduced",
+    "exit_code",
+    "seconds",
+    "explained_family",
+    "explained_code",
+    "fixed_passed",
+    "output_tail",
+}
 MY_MODULES = ("fds", "ipc", "loader")
 
 
 # -- lab list -------------------------------------------------------------------------------------------
+
 
 def test_list_json_has_every_scenario_with_its_fields() -> None:
     proc = run_cli("lab", "list", "--format", "json")
@@ -63,6 +74,7 @@ def test_scenario_output_is_recorded_as_a_fixture(name: str) -> None:
 
 
 # -- lab run ------------------------------------------------------------------------------------------
+
 
 def test_run_unknown_scenario_is_one_line_usage_error() -> None:
     proc = run_cli("lab", "run", "worker-sigseg")
@@ -100,6 +112,7 @@ def test_run_json_without_fix_has_null_fixed_passed() -> None:
 
 
 # -- lab record ---------------------------------------------------------------------------------------
+
 
 def _header(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split("# ---\n", 1)[0].splitlines()
@@ -155,8 +168,13 @@ def test_a_failure_without_the_expected_text_is_not_a_reproduction(monkeypatch: 
     # a child that failed for another reason: the line this scenario's own body prints (ipc.py) on a
     # host whose vm.max_map_count is too high to use up; no torch text in it
     other = b"torchdoctor lab: vm.max_map_count is 2147483642 here; too many slots to use up in a lab child\n"
-    monkeypatch.setattr(runner, "run", lambda s, fixed=False, timeout=None: RunRecord(
-        scenario=s.name, fixed=fixed, argv=[], exit_code=1, seconds=0.1, output=other))
+    monkeypatch.setattr(
+        runner,
+        "run",
+        lambda s, fixed=False, timeout=None: RunRecord(
+            scenario=s.name, fixed=fixed, argv=[], exit_code=1, seconds=0.1, output=other
+        ),
+    )
     out = run_outcome("map-count-fast-spawn", fixed=False, explain=False, timeout=None)
     assert out.exit_code == 1 and out.reproduced is False and not out.ok
     assert any("not with the text TD155 recognises" in n for n in out.notes)

@@ -37,8 +37,16 @@ from .support.lab import (
 
 NAMES = scenario_names("dist")
 SLOW = scenario_names("dist", slow=True)
-DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "TORCHELASTIC_RUN_ID", "GROUP_RANK")
+DIST_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "GROUP_RANK",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +59,16 @@ def runs() -> Iterator[LabRuns]:
 def assert_explained(name: str, rec: RunRecord) -> None:
     """Root-cause codes must be the root cause; a cascade code the top diagnosis (nothing better was printed)."""
     from torchdoctor.explain import explain
+
     s = get(name)
     report = explain(rec.text())
     assert report.diagnoses, f"explain found nothing in {name}:\n{rec.tail()}"
     roles = {sig.role for sig in lookup(s.code).signatures}
     if Role.ROOT_CAUSE in roles:
         root = report.root_cause
-        assert root is not None and (root.code, root.family) == (s.code, s.family), \
+        assert root is not None and (root.code, root.family) == (s.code, s.family), (
             f"{name}: explain said {report.codes()}"
+        )
     else:
         top = report.diagnoses[0]
         assert (top.code, top.family, top.role) == (s.code, s.family, "cascade"), f"{name}: {report.codes()}"
@@ -66,10 +76,20 @@ def assert_explained(name: str, rec: RunRecord) -> None:
 
 def test_the_scenarios_are_here() -> None:
     assert {f"dist-env-missing-{v}" for v in ("rank", "world-size", "master-addr", "master-port")} <= set(NAMES)
-    assert {"dist-port-in-use", "dist-rank0-alone", "dist-no-master", "dist-peer-killed",
-            "dist-collective-shape-mismatch"} <= set(NAMES)
-    assert {"dist-peer-hangs", "torchrun-peer-killed", "torchrun-peer-hangs", "torchrun-peer-oom",
-            "dist-collective-order-mismatch"} <= set(SLOW)
+    assert {
+        "dist-port-in-use",
+        "dist-rank0-alone",
+        "dist-no-master",
+        "dist-peer-killed",
+        "dist-collective-shape-mismatch",
+    } <= set(NAMES)
+    assert {
+        "dist-peer-hangs",
+        "torchrun-peer-killed",
+        "torchrun-peer-hangs",
+        "torchrun-peer-oom",
+        "dist-collective-order-mismatch",
+    } <= set(SLOW)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -108,6 +128,7 @@ def test_slow_closed_loop(name: str, request: pytest.FixtureRequest) -> None:
 
 # -- what the real texts say -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("var", dist.ENV_VARS)
 def test_missing_variable_is_named(runs: LabRuns, var: str) -> None:
     name = f"dist-env-missing-{var.lower().replace('_', '-')}"
@@ -131,6 +152,7 @@ def test_unreachable_store_names_the_loopback_address(runs: LabRuns) -> None:
 
 def test_killed_peer_is_a_cascade_with_a_sigkill_confirmation(runs: LabRuns) -> None:
     from torchdoctor.explain import explain
+
     report = explain(runs.get("dist-peer-killed").text())
     assert report.root_cause is None, "the dead rank printed nothing: no root cause may be invented"
     by_code = {d.code: d for d in report.diagnoses}
@@ -147,10 +169,22 @@ def test_shape_mismatch_names_both_ranks(runs: LabRuns) -> None:
 
 # -- preflight: `check --dist` with the same environment ----------------------------------------------
 
+
 def _check(env: dict[str, str], *args: str) -> dict[str, dict[str, Any]]:
     clean = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    argv = [sys.executable, "-m", "torchdoctor", "check", "--dist", "--no-torch", "--format", "json",
-            "--fail-on", "never", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchdoctor",
+        "check",
+        "--dist",
+        "--no-torch",
+        "--format",
+        "json",
+        "--fail-on",
+        "never",
+        *args,
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**clean, **env}, check=False)
     assert proc.returncode == 0, proc.stderr
     return {f["code"]: f for f in json.loads(proc.stdout)["findings"]}
@@ -166,11 +200,15 @@ def test_check_predicts_the_missing_variable(var: str) -> None:
 
 
 def test_check_predicts_the_port_in_use() -> None:
-    hold = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); "
-            "print(s.getsockname()[1], flush=True); time.sleep(60)")
+    hold = (
+        "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); "
+        "print(s.getsockname()[1], flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen(  # another process than check's ancestors holds the port, as a stale run would
         [sys.executable, "-c", hold],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert holder.stdout is not None
@@ -185,22 +223,31 @@ def test_check_predicts_the_port_in_use() -> None:
 
 # -- gloo's interface choice and torchrun's SIGKILL summary (TD460, TD459) ------------------------------
 
-_GLOO_INIT = ("import datetime, torch.distributed as dist\n"
-              "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1,\n"
-              "                        timeout=datetime.timedelta(seconds=10))\n"
-              "dist.destroy_process_group()\n")
+_GLOO_INIT = (
+    "import datetime, torch.distributed as dist\n"
+    "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1,\n"
+    "                        timeout=datetime.timedelta(seconds=10))\n"
+    "dist.destroy_process_group()\n"
+)
 
 
 def _gloo_init(ifname: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith(("GLOO_", "NCCL_"))}
-    return subprocess.run([sys.executable, "-c", _GLOO_INIT], capture_output=True, text=True, timeout=120,
-                          env={**env, "GLOO_SOCKET_IFNAME": ifname}, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", _GLOO_INIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "GLOO_SOCKET_IFNAME": ifname},
+        check=False,
+    )
 
 
 def test_gloo_interface_that_does_not_exist_is_named_and_lo_fixes_it() -> None:
     """A real gloo init with GLOO_SOCKET_IFNAME naming no interface: explain names TD460 and the name."""
     pytest.importorskip("torch")
     from torchdoctor.explain import explain
+
     failed = _gloo_init("tdnope0")
     assert failed.returncode != 0, failed.stdout + failed.stderr
     report = explain(failed.stdout + failed.stderr)
@@ -214,6 +261,7 @@ def test_gloo_interface_that_does_not_exist_is_named_and_lo_fixes_it() -> None:
 def test_torchrun_sigkill_confirms_host_oom_not_a_hang() -> None:
     """torchrun's '-9' lines (recorded from the lab) read as a host-oom confirmation; TD457 leaves them alone."""
     from torchdoctor.explain import explain
+
     text = (LOGS / "TD459" / "lab-torchrun-peer-killed.log").read_text(encoding="utf-8").split("# ---\n", 1)[1]
     report = explain(text)
     by_code = {d.code: d for d in report.diagnoses}

@@ -45,14 +45,20 @@ runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_pass
 
 
 def test_the_scenarios_are_here() -> None:
-    assert {"fd-queue-ancdata", "fd-spawn-dataset", "fd-loader-kept-batches", "map-count-fast-spawn",
-            "map-count-fast-forkserver", "shm-no-space", "shm-sigbus"} <= set(NAMES)
+    assert {
+        "fd-queue-ancdata",
+        "fd-spawn-dataset",
+        "fd-loader-kept-batches",
+        "map-count-fast-spawn",
+        "map-count-fast-forkserver",
+        "shm-no-space",
+        "shm-sigbus",
+    } <= set(NAMES)
     assert {"map-count-spawn", "map-count-forkserver"} <= set(SLOW)
 
 
-
-
 # -- values the signatures extract from the real text ---------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["map-count-fast-spawn", "map-count-fast-forkserver"])
 def test_map_count_error_names_bytes_and_segment(runs: LabRuns, name: str) -> None:
@@ -94,12 +100,16 @@ def test_shm_scenarios_never_touch_the_real_dev_shm(runs: LabRuns) -> None:
 
 # -- other torch versions' wordings, from public reports (tests/fixtures/logs/<CODE>/*.log) ----------
 
-@pytest.mark.parametrize(("name", "segment", "how"), [
-    ("nnunet-2162-write-no-space.log", "/torch_8289_606636967_0", "grow"),  # torch 1.x/2.0: errno printed
-    ("dls-example-26-thallocator.log", "/torch_76_3625483894", "grow"),  # TH: " at …/THAllocator.c:383"
-    ("yolov3-490-write-bare.log", "/torch_1131_1226038649", "grow"),  # nothing after the file name
-    ("lab-shm-no-space.log", None, "allocate"),  # today's posix_fallocate wording, recorded here
-])
+
+@pytest.mark.parametrize(
+    ("name", "segment", "how"),
+    [
+        ("nnunet-2162-write-no-space.log", "/torch_8289_606636967_0", "grow"),  # torch 1.x/2.0: errno printed
+        ("dls-example-26-thallocator.log", "/torch_76_3625483894", "grow"),  # TH: " at …/THAllocator.c:383"
+        ("yolov3-490-write-bare.log", "/torch_1131_1226038649", "grow"),  # nothing after the file name
+        ("lab-shm-no-space.log", None, "allocate"),  # today's posix_fallocate wording, recorded here
+    ],
+)
 def test_every_shm_no_space_wording_names_the_segment(name: str, segment: str | None, how: str) -> None:
     values = signature_values("TD156", fixture_text("TD156", name))[0]
     assert values["how"] == how and values["segment"].startswith("/torch_")
@@ -110,8 +120,14 @@ def test_shm_open_without_errno_is_not_read_as_no_space() -> None:
     assert not signature_values("TD156", fixture_text("TD156", "near-open-shm-read-write.log"))
 
 
-@pytest.mark.parametrize("name", ["mmf-441-banner-after-timestamps.log", "gdr-net-16-banner-fullwidth-comma.log",
-                                  "deeplab-pytorch-17-banner-case-mangled.log"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mmf-441-banner-after-timestamps.log",
+        "gdr-net-16-banner-fullwidth-comma.log",
+        "deeplab-pytorch-17-banner-case-mangled.log",
+    ],
+)
 def test_bus_error_banner_in_any_case_and_punctuation(name: str) -> None:
     banners = [v for v in signature_values("TD157", fixture_text("TD157", name)) if "pid" not in v]
     assert banners, name
@@ -128,8 +144,14 @@ def test_no_space_write_comes_before_the_bus_errors_it_causes() -> None:
     assert report.diagnoses[0].code == "TD156" and "TD157" in report.codes()
 
 
-@pytest.mark.parametrize("name", ["caduceus-58-worker-start-pipe.log", "ssd-pytorch-91-worker-dupfd.log",
-                                  "maskrcnn-benchmark-158-resource-sharer.log"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "caduceus-58-worker-start-pipe.log",
+        "ssd-pytorch-91-worker-dupfd.log",
+        "maskrcnn-benchmark-158-resource-sharer.log",
+    ],
+)
 def test_errno_24_is_fd_exhausted_inside_and_outside_torch_sharing(name: str) -> None:
     top = explain(fixture_text("TD153", name)).diagnoses[0]
     assert (top.code, top.family) == ("TD153", "fd-exhausted")
@@ -142,6 +164,7 @@ def test_torch_descriptor_messages_do_not_double_as_errno_24() -> None:
 
 
 # -- the preflight predicted it ----------------------------------------------------------------------
+
 
 def test_check_predicts_the_map_count_failure() -> None:
     findings = check_json("--sharing-strategy", "file_system", "--start-method", "spawn")
@@ -166,13 +189,22 @@ def test_check_predicts_the_descriptor_failures() -> None:
     assert budget < fds.TENSORS, f"check says {budget} descriptors; fd-spawn-dataset shares {fds.TENSORS}"
     fork = check_json("--sharing-strategy", "file_descriptor", "--start-method", "fork", preexec_fn=_low_nofile)
     assert "TD111" in fork, "a 256 open-file limit must be flagged for fork loaders that keep batches too"
-    assert "TD111" not in check_json("--sharing-strategy", "file_system", "--start-method", "fork",
-                                     preexec_fn=_low_nofile), "file_system (the fix) holds no descriptors"
+    assert "TD111" not in check_json(
+        "--sharing-strategy", "file_system", "--start-method", "fork", preexec_fn=_low_nofile
+    ), "file_system (the fix) holds no descriptors"
 
 
 def _private_shm(size: str) -> list[str]:
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            'mount -t tmpfs -o size="$0",mode=1777 tmpfs /dev/shm && exec "$@"', size]
+    return [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o size="$0",mode=1777 tmpfs /dev/shm && exec "$@"',
+        size,
+    ]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
@@ -185,12 +217,17 @@ def test_check_predicts_the_shm_failure() -> None:
 
 def test_shm_fix_refuses_a_shared_mount_namespace() -> None:
     """The fixed variants grow /dev/shm only in their own mount namespace; run here, they must refuse."""
-    proc = subprocess.run([sys.executable, "-c", "from torchdoctor.lab.scenarios.ipc import _grow_private_shm as g; g()"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from torchdoctor.lab.scenarios.ipc import _grow_private_shm as g; g()"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "refusing to remount" in proc.stderr
 
 
 # -- the seed case (slow) ----------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW)

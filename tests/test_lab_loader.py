@@ -24,23 +24,37 @@ runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_pass
 
 
 def test_the_scenarios_are_here() -> None:
-    assert {"pickle-lambda-attribute", "pickle-local-function", "pickle-module-lambda", "pickle-thread-lock",
-            "pickle-generator", "pickle-main-class", "main-guard-missing", "worker-sigsegv", "worker-sigkill",
-            "worker-sigabrt", "worker-sigterm", "worker-exit", "worker-hang-timeout"} <= set(NAMES)
-
-
+    assert {
+        "pickle-lambda-attribute",
+        "pickle-local-function",
+        "pickle-module-lambda",
+        "pickle-thread-lock",
+        "pickle-generator",
+        "pickle-main-class",
+        "main-guard-missing",
+        "worker-sigsegv",
+        "worker-sigkill",
+        "worker-sigabrt",
+        "worker-sigterm",
+        "worker-exit",
+        "worker-hang-timeout",
+    } <= set(NAMES)
 
 
 # -- worker-pickling: what could not be pickled, by name ------------------------------------------
 
-@pytest.mark.parametrize(("name", "code", "key", "value"), [
-    ("pickle-lambda-attribute", "TD550", "object", "pickle_lambda_attribute.<locals>.<lambda>"),
-    ("pickle-local-function", "TD550", "object", "pickle_local_function.<locals>.scale"),
-    ("pickle-module-lambda", "TD551", "module", "torchdoctor.lab.scenarios.loader"),
-    ("pickle-thread-lock", "TD552", "type", "_thread.lock"),
-    ("pickle-generator", "TD552", "type", "generator"),
-    ("pickle-main-class", "TD553", "name", "Squares"),
-])
+
+@pytest.mark.parametrize(
+    ("name", "code", "key", "value"),
+    [
+        ("pickle-lambda-attribute", "TD550", "object", "pickle_lambda_attribute.<locals>.<lambda>"),
+        ("pickle-local-function", "TD550", "object", "pickle_local_function.<locals>.scale"),
+        ("pickle-module-lambda", "TD551", "module", "torchdoctor.lab.scenarios.loader"),
+        ("pickle-thread-lock", "TD552", "type", "_thread.lock"),
+        ("pickle-generator", "TD552", "type", "generator"),
+        ("pickle-main-class", "TD553", "name", "Squares"),
+    ],
+)
 def test_pickling_error_names_the_object(runs: LabRuns, name: str, code: str, key: str, value: str) -> None:
     assert signature_values(code, runs.get(name).text())[0][key] == value
 
@@ -60,11 +74,15 @@ def test_worker_exits_end_in_the_exited_unexpectedly_cascade(runs: LabRuns) -> N
 
 # -- worker-crash: the signal, the status, the timeout ----------------------------------------------
 
-@pytest.mark.parametrize(("name", "signal"), [
-    ("worker-sigsegv", "Segmentation fault"),
-    ("worker-sigabrt", "Aborted"),
-    ("worker-sigterm", "Terminated"),
-])
+
+@pytest.mark.parametrize(
+    ("name", "signal"),
+    [
+        ("worker-sigsegv", "Segmentation fault"),
+        ("worker-sigabrt", "Aborted"),
+        ("worker-sigterm", "Terminated"),
+    ],
+)
 def test_signal_is_named(runs: LabRuns, name: str, signal: str) -> None:
     signals = {v["signal"] for v in signature_values("TD560", runs.get(name).text())}
     assert signal in signals, signals
@@ -97,6 +115,7 @@ def test_fixed_sigterm_run_was_still_preempted(runs: LabRuns) -> None:
 
 # -- other Python/torch versions' wordings, from public reports (tests/fixtures/logs/<CODE>/*.log) ----
 
+
 def test_python_313_get_local_object_is_the_same_pickling_failure() -> None:
     values = signature_values("TD550", fixture_text("TD550", "py313-get-local-object.log"))
     assert values == [{"verb": "get", "object": "main.<locals>.worker_init_fn"}]
@@ -122,20 +141,26 @@ def test_freeze_support_in_a_script_is_not_the_error() -> None:
     assert not signature_values("TD554", fixture_text("TD554", "near-freeze-support-in-code.log"))
 
 
-@pytest.mark.parametrize(("name", "signal"), [
-    ("db-94-segfault-no-dot.log", "Segmentation fault"),  # no final "." after the signal name
-    ("ultralytics-22222-banner-no-space.log", "segmentation fault"),  # "ERROR:Unexpected ..."
-    ("swin-det-16-segfault-banner.log", "segmentation fault"),
-])
+@pytest.mark.parametrize(
+    ("name", "signal"),
+    [
+        ("db-94-segfault-no-dot.log", "Segmentation fault"),  # no final "." after the signal name
+        ("ultralytics-22222-banner-no-space.log", "segmentation fault"),  # "ERROR:Unexpected ..."
+        ("swin-det-16-segfault-banner.log", "segmentation fault"),
+    ],
+)
 def test_segfault_wordings(name: str, signal: str) -> None:
     assert [v["signal"] for v in signature_values("TD560", fixture_text("TD560", name))] == [signal]
 
 
-@pytest.mark.parametrize(("name", "workers", "suggested"), [
-    ("yolo-world-413-8-workers-4-cpus.log", "8", "4"),
-    ("hypertorch-121-9-workers-8-cpus.log", "9", "8"),
-    ("particleseg3d-pr2-wrapped-windows.log", "12", None),  # one sentence per line: the count is on the next
-])
+@pytest.mark.parametrize(
+    ("name", "workers", "suggested"),
+    [
+        ("yolo-world-413-8-workers-4-cpus.log", "8", "4"),
+        ("hypertorch-121-9-workers-8-cpus.log", "9", "8"),
+        ("particleseg3d-pr2-wrapped-windows.log", "12", None),  # one sentence per line: the count is on the next
+    ],
+)
 def test_too_many_workers_warning_names_the_counts(name: str, workers: str, suggested: str | None) -> None:
     values = signature_values("TD570", fixture_text("TD570", name))[0]
     assert values["workers"] == workers
@@ -147,7 +172,11 @@ def test_too_many_workers_warning_names_the_counts(name: str, workers: str, sugg
 
 def test_too_many_workers_warning_never_outranks_a_real_error() -> None:
     """A warning printed at start-up leads only when nothing failed: a worker crash after it wins."""
-    text = fixture_text("TD570", "yolo-world-413-8-workers-4-cpus.log") + "\n" + fixture_text("TD560", "db-94-segfault-no-dot.log")
+    text = (
+        fixture_text("TD570", "yolo-world-413-8-workers-4-cpus.log")
+        + "\n"
+        + fixture_text("TD560", "db-94-segfault-no-dot.log")
+    )
     report = explain(text)
     assert report.root_cause is not None and report.root_cause.code == "TD560"
     assert "TD570" in report.codes()

@@ -30,17 +30,27 @@ NOBODY = ["setpriv", f"--reuid={memory.NOBODY}", f"--regid={memory.NOBODY}", "--
 
 
 # the closed loop over this module's scenarios (tests/support/lab.py)
-runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
+(
+    runs,
+    test_failure_happens,
+    test_explain_names_the_code,
+    test_fixed_variant_passes,
+    test_output_is_recorded_as_a_fixture,
+) = closed_loop(NAMES)
 
 
 def test_the_scenarios_are_here() -> None:
-    assert {"oom-rlimit-as", "oom-rlimit-data", "oom-python-memoryerror", "oom-rlimit-before-import",
-            "threads-nproc-limit"} <= set(NAMES)
-
-
+    assert {
+        "oom-rlimit-as",
+        "oom-rlimit-data",
+        "oom-python-memoryerror",
+        "oom-rlimit-before-import",
+        "threads-nproc-limit",
+    } <= set(NAMES)
 
 
 # -- values extracted from the real text ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["oom-rlimit-as", "oom-rlimit-data"])
 def test_allocator_error_names_the_requested_bytes(runs: LabRuns, name: str) -> None:
@@ -62,6 +72,7 @@ def test_thread_creation_failure_names_the_errno_text(runs: LabRuns) -> None:
 
 
 # -- preflight: check saw the limit that the scenario then ran into -----------------------------------
+
 
 @pytest.mark.parametrize("which", ["RLIMIT_AS", "RLIMIT_DATA"])
 def test_check_predicts_the_address_space_limit(which: str) -> None:
@@ -85,8 +96,10 @@ def test_check_predicts_the_nproc_limit(runs: LabRuns) -> None:
 
 # -- explain across ranks: the OOM of one rank explains the others' cascade ---------------------------
 
+
 def test_torchrun_oom_fixture_names_the_oom_rank_first() -> None:
     from torchdoctor.explain import explain
+
     text = (LOGS / "TD270" / "lab-torchrun-peer-oom.log").read_text().split("# ---\n", 1)[1]
     report = explain(text)
     assert report.root_cause is not None and (report.root_cause.code, report.root_cause.rank) == ("TD270", 1)
@@ -103,9 +116,9 @@ def test_kernel_oom_kill_values_from_a_public_report() -> None:
 # -- older and other wordings of host OOM, from public reports (fixtures cite them) --------------------
 
 
-
-@pytest.mark.parametrize(("name", "gigabytes"), [("dreamtime-112-percent-d-gb.log", "%d"),
-                                                 ("gvcnn-7-th-whole-gb.log", "0")])
+@pytest.mark.parametrize(
+    ("name", "gigabytes"), [("dreamtime-112-percent-d-gb.log", "%d"), ("gvcnn-7-th-whole-gb.log", "0")]
+)
 def test_old_allocator_wording_in_whole_gb(name: str, gigabytes: str) -> None:
     values = signature_values("TD270", fixture_text("TD270", name))
     assert values and values[0]["gigabytes"] == gigabytes and "whole GB" in values[0]["request"]
@@ -129,6 +142,7 @@ def test_allocator_error_code_12_is_not_a_failed_fork(runs: LabRuns, name: str) 
 
 def test_fork_enomem_is_the_root_cause() -> None:
     from torchdoctor.explain import explain
+
     root = explain(fixture_text("TD275", "self-critical-11-python2-fork.log")).root_cause
     assert root is not None and (root.code, root.family) == ("TD275", "host-oom")
     assert "forkserver" in root.fix and "num_workers" in root.fix

@@ -32,7 +32,13 @@ NOBODY = ["setpriv", f"--reuid={storage.NOBODY}", f"--regid={storage.NOBODY}", "
 
 
 # the closed loop over this module's scenarios (tests/support/lab.py)
-runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
+(
+    runs,
+    test_failure_happens,
+    test_explain_names_the_code,
+    test_fixed_variant_passes,
+    test_output_is_recorded_as_a_fixture,
+) = closed_loop(NAMES)
 
 
 @pytest.fixture
@@ -56,11 +62,17 @@ def _in_private_mount(script: str) -> list[str]:
 
 
 def test_the_scenarios_are_here() -> None:
-    assert {"ckpt-save-missing-dir", "ckpt-save-immutable-dir", "ckpt-save-readonly-mount",
-            "ckpt-save-permission-denied", "ckpt-save-disk-full", "ckpt-save-disk-full-fileobj",
-            "ckpt-load-truncated", "ckpt-legacy-save-disk-full", "ckpt-save-io-error"} <= set(NAMES)
-
-
+    assert {
+        "ckpt-save-missing-dir",
+        "ckpt-save-immutable-dir",
+        "ckpt-save-readonly-mount",
+        "ckpt-save-permission-denied",
+        "ckpt-save-disk-full",
+        "ckpt-save-disk-full-fileobj",
+        "ckpt-load-truncated",
+        "ckpt-legacy-save-disk-full",
+        "ckpt-save-io-error",
+    } <= set(NAMES)
 
 
 def test_no_temporary_directory_or_attribute_is_left_behind(runs: LabRuns) -> None:
@@ -70,6 +82,7 @@ def test_no_temporary_directory_or_attribute_is_left_behind(runs: LabRuns) -> No
 
 
 # -- what the real texts say -------------------------------------------------------------------------
+
 
 def test_missing_dir_names_the_directory(runs: LabRuns) -> None:
     values = signature_values("TD650", runs.get("ckpt-save-missing-dir").text())[0]
@@ -105,8 +118,9 @@ def test_thin_disk_running_out_is_an_io_error(runs: LabRuns) -> None:
 
 def test_no_loop_device_is_left_behind(runs: LabRuns) -> None:
     runs.get("ckpt-save-io-error"), runs.get("ckpt-save-io-error", fixed=True)
-    proc = subprocess.run(["losetup", "--list", "--noheadings", "--output", "BACK-FILE"], capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "BACK-FILE"], capture_output=True, text=True, check=False
+    )
     assert "torchdoctor-lab-thin-backing" not in proc.stdout
 
 
@@ -116,6 +130,7 @@ def test_truncated_checkpoint_has_no_central_directory(runs: LabRuns) -> None:
 
 
 # -- preflight: `check --path` on the same kind of directory ---------------------------------------------
+
 
 def test_check_predicts_the_missing_directory(directory: str) -> None:
     target = os.path.join(directory, "run-7", "checkpoints")

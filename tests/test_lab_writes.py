@@ -30,12 +30,20 @@ from .support.lab import (
 )
 
 NAMES = scenario_names("writes")
-SUMMARY = re.compile(r"(?P<written>\d+) records written by (?P<writers>\d+) processes; (?P<ok>\d+) lines parse, "
-                     r"(?P<torn>\d+) do not, (?P<empty>\d+) empty, (?P<lost>\d+) records lost")
+SUMMARY = re.compile(
+    r"(?P<written>\d+) records written by (?P<writers>\d+) processes; (?P<ok>\d+) lines parse, "
+    r"(?P<torn>\d+) do not, (?P<empty>\d+) empty, (?P<lost>\d+) records lost"
+)
 
 
 # the closed loop over this module's scenarios (tests/support/lab.py)
-runs, test_failure_happens, test_explain_names_the_code, test_fixed_variant_passes, test_output_is_recorded_as_a_fixture = closed_loop(NAMES)
+(
+    runs,
+    test_failure_happens,
+    test_explain_names_the_code,
+    test_fixed_variant_passes,
+    test_output_is_recorded_as_a_fixture,
+) = closed_loop(NAMES)
 
 
 def _summary(text: str) -> dict[str, int]:
@@ -45,18 +53,30 @@ def _summary(text: str) -> dict[str, int]:
 
 
 def test_the_scenarios_are_here() -> None:
-    assert set(NAMES) == {"writes-shared-jsonl", "writes-ranks-rename-staging", "writes-ranks-rename-own-staging",
-                          "writes-ranks-same-checkpoint", "writes-ranks-rmtree-checkpoint"}
-
-
+    assert set(NAMES) == {
+        "writes-shared-jsonl",
+        "writes-ranks-rename-staging",
+        "writes-ranks-rename-own-staging",
+        "writes-ranks-same-checkpoint",
+        "writes-ranks-rmtree-checkpoint",
+    }
 
 
 def test_no_temporary_directory_is_left_behind(runs: LabRuns) -> None:
     for name in NAMES:  # wait for every run, failing and fixed
         runs.get(name), runs.get(name, fixed=True)
-    assert not [p for p in os.listdir(tempfile.gettempdir())
-                if p.startswith(("torchdoctor-lab-writes-", "torchdoctor-lab-publish-", "torchdoctor-lab-samepath-",
-                                   "torchdoctor-lab-rotate-"))]
+    assert not [
+        p
+        for p in os.listdir(tempfile.gettempdir())
+        if p.startswith(
+            (
+                "torchdoctor-lab-writes-",
+                "torchdoctor-lab-publish-",
+                "torchdoctor-lab-samepath-",
+                "torchdoctor-lab-rotate-",
+            )
+        )
+    ]
 
 
 def test_the_writers_really_interleaved(runs: LabRuns) -> None:
@@ -74,8 +94,14 @@ def test_the_reader_error_points_inside_a_line(runs: LabRuns) -> None:
 
 def test_the_lock_leaves_every_line_whole(runs: LabRuns) -> None:
     found = _summary(runs.get("writes-shared-jsonl", fixed=True).text())
-    assert found == {"written": writes.WRITERS * writes.RECORDS, "writers": writes.WRITERS,
-                     "ok": writes.WRITERS * writes.RECORDS, "torn": 0, "empty": 0, "lost": 0}
+    assert found == {
+        "written": writes.WRITERS * writes.RECORDS,
+        "writers": writes.WRITERS,
+        "ok": writes.WRITERS * writes.RECORDS,
+        "torn": 0,
+        "empty": 0,
+        "lost": 0,
+    }
 
 
 # -- ranks publishing one checkpoint directory (TD659) -------------------------------------------------
@@ -108,6 +134,7 @@ def test_one_publisher_delivers_every_shard(runs: LabRuns, name: str) -> None:
 
 # -- ranks saving one checkpoint path (TD660) ----------------------------------------------------------
 
+
 def test_concurrent_saves_leave_storages_at_wrong_offsets(runs: LabRuns) -> None:
     text = runs.get("writes-ranks-same-checkpoint").text()
     rounds = re.findall(r"^round (\d+): (\d+) bytes saved by (\d+) process", text, re.MULTILINE)
@@ -126,6 +153,7 @@ def test_saving_from_one_rank_resumes_every_round(runs: LabRuns) -> None:
 
 # -- ranks deleting one old checkpoint (TD661) ----------------------------------------------------------
 
+
 def test_concurrent_rmtree_loses_entries_inside_the_tree(runs: LabRuns) -> None:
     text = runs.get("writes-ranks-rmtree-checkpoint").text()
     values = signature_values("TD661", text)
@@ -138,7 +166,9 @@ def test_concurrent_rmtree_loses_entries_inside_the_tree(runs: LabRuns) -> None:
 
 def test_one_deleter_leaves_nothing_and_fails_no_rank(runs: LabRuns) -> None:
     text = runs.get("writes-ranks-rmtree-checkpoint", fixed=True).text()
-    m = re.search(rf"checkpoint-{writes.OLD_STEP}: deleted by (?P<n>\d+) rank\(s\); left in \S+: \[(?P<left>[^]]*)\]", text)
+    m = re.search(
+        rf"checkpoint-{writes.OLD_STEP}: deleted by (?P<n>\d+) rank\(s\); left in \S+: \[(?P<left>[^]]*)\]", text
+    )
     assert m, text[-2000:]
     assert m["n"] == "1" and m["left"] == ""
     assert "FileNotFoundError" not in text

@@ -29,10 +29,20 @@ IPC_CODES = ("TD110", "TD111", "TD112")
 
 # -- helpers ----------------------------------------------------------------------------------
 
+
 def make_facts(
-    *, soft: int | None = 1024, hard: int | None = 4096, open_fds: int = 10, max_map: int | None = 65530,
-    maps: int = 200, default_method: str = "fork", python: str = "3.11.7", cap: bool | None = False,
-    nr_open: int = 1048576, torch_strategy: str | None = None, nofile_known: bool = True,
+    *,
+    soft: int | None = 1024,
+    hard: int | None = 4096,
+    open_fds: int = 10,
+    max_map: int | None = 65530,
+    maps: int = 200,
+    default_method: str = "fork",
+    python: str = "3.11.7",
+    cap: bool | None = False,
+    nr_open: int = 1048576,
+    torch_strategy: str | None = None,
+    nofile_known: bool = True,
 ) -> Facts:
     """A facts snapshot; ``soft``/``hard`` None means unlimited, ``nofile_known=False`` unreadable."""
     nofile = None
@@ -69,6 +79,7 @@ def evidence(f: Finding) -> dict[str, Any]:
 
 # -- TD110: vm.max_map_count ------------------------------------------------------------------
 
+
 def test_td110_seed_case_file_system_spawn_is_a_warning_with_the_250mb_arithmetic() -> None:
     f = one("TD110", make_facts(maps=0), sharing_strategy="file_system", start_method="forkserver")
     assert f.severity is Severity.WARNING
@@ -96,8 +107,9 @@ def test_td110_file_system_with_fork_is_info_only() -> None:
 def test_td110_near_miss_raised_map_count() -> None:
     facts = make_facts(max_map=SUGGESTED_MAP_COUNT)
     assert hits("TD110", facts, sharing_strategy="file_system", start_method="spawn") == []
-    assert hits("TD110", make_facts(max_map=SUGGESTED_MAP_COUNT - 1), sharing_strategy="file_system",
-                start_method="spawn")
+    assert hits(
+        "TD110", make_facts(max_map=SUGGESTED_MAP_COUNT - 1), sharing_strategy="file_system", start_method="spawn"
+    )
 
 
 def test_td110_not_for_default_strategy_with_fork() -> None:
@@ -120,6 +132,7 @@ def test_td110_uses_torch_default_strategy_from_facts() -> None:
 
 
 # -- TD111: RLIMIT_NOFILE ---------------------------------------------------------------------
+
 
 def test_td111_low_soft_limit_with_fork_and_raisable_hard() -> None:
     f = one("TD111", make_facts(soft=1024, hard=4096, open_fds=12))
@@ -162,6 +175,7 @@ def test_td111_not_under_file_system_or_unknown() -> None:
 
 # -- TD112: the start method in effect -------------------------------------------------------
 
+
 def test_td112_spawn_reports_both_budgets() -> None:
     f = one("TD112", make_facts(soft=1024, open_fds=24, maps=300), start_method="spawn")
     assert f.severity is Severity.INFO
@@ -197,11 +211,16 @@ def test_ipc_checks_tolerate_missing_sections() -> None:
 
 # -- the gatherer -----------------------------------------------------------------------------
 
+
 def _expected(resource_name: str) -> dict[str, Any]:
     soft, hard = resource.getrlimit(getattr(resource, resource_name))
     inf = resource.RLIM_INFINITY
-    return {"soft": None if soft == inf else soft, "hard": None if hard == inf else hard,
-            "soft_unlimited": soft == inf, "hard_unlimited": hard == inf}
+    return {
+        "soft": None if soft == inf else soft,
+        "hard": None if hard == inf else hard,
+        "soft_unlimited": soft == inf,
+        "hard_unlimited": hard == inf,
+    }
 
 
 def test_gather_live_matches_getrlimit_and_proc() -> None:
@@ -223,8 +242,12 @@ def test_gather_replayed_root() -> None:
     ctx = GatherContext(torch=False, root=FIXTURES / "host-root")
     facts = gather(ctx, sections=["limits"])
     assert facts.get("limits.rlimits_source") == "/proc/self/limits"
-    assert facts.get("limits.rlimits.nofile") == {"soft": 1024, "hard": 20000, "soft_unlimited": False,
-                                                  "hard_unlimited": False}
+    assert facts.get("limits.rlimits.nofile") == {
+        "soft": 1024,
+        "hard": 20000,
+        "soft_unlimited": False,
+        "hard_unlimited": False,
+    }
     assert facts.get("limits.rlimits.stack.hard_unlimited") is True
     assert facts.get("limits.rlimits.as.soft_unlimited") is True
     assert facts.get("limits.sysctl.vm.max_map_count") == 65530
@@ -259,13 +282,19 @@ def test_parse_proc_limits_and_cap_eff() -> None:
 
 # -- REAL: shrunken RLIMIT_NOFILE in a child --------------------------------------------------
 
+
 def _check_json(*args: str, nofile: tuple[int, int] | None = None) -> dict[str, Any]:
     def lower() -> None:
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
-    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "check", "--format", "json", "--no-torch", *args],
-                          capture_output=True, text=True, timeout=60, preexec_fn=lower)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "check", "--format", "json", "--no-torch", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lower,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 
@@ -320,9 +349,19 @@ def _in_private_shm(argv: list[str]) -> list[str]:
     namespace (see test_shm_real.py); otherwise run as is (torch removes its segments itself)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return argv
-    wrapped = ["unshare", "-m", "--propagation", "private", "--", "sh", "-c",
-               'mount --make-rprivate / && mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"', "sh", *argv]
-    probe = subprocess.run(wrapped[:-len(argv)] + ["true"], capture_output=True, timeout=30)
+    wrapped = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        'mount --make-rprivate / && mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"',
+        "sh",
+        *argv,
+    ]
+    probe = subprocess.run(wrapped[: -len(argv)] + ["true"], capture_output=True, timeout=30)
     return wrapped if probe.returncode == 0 else argv
 
 

@@ -24,24 +24,44 @@ MiB = 1024 * 1024
 STATIC: dict[str, Any] = {
     "start_method": {"method": "spawn", "source": "--parent-start-method spawn"},
     "sharing_strategy": {"strategy": "file_system", "source": "set_sharing_strategy() in the target's code"},
-    "storages": {"count": 70000, "bytes": 26880000, "nonempty": 70000, "tensors": 70000, "pickle_bytes": 350317,
-                 "seconds": 0.25, "partial": False},
+    "storages": {
+        "count": 70000,
+        "bytes": 26880000,
+        "nonempty": 70000,
+        "tensors": 70000,
+        "pickle_bytes": 350317,
+        "seconds": 0.25,
+        "partial": False,
+    },
     "pickling": {"pickled_to_workers": True, "ok": True},
-    "owner": {"map_count": 349, "open_fds": 4, "nofile_soft": 20000, "nofile_hard": 20000, "python_threads": 1,
-              "os_threads": 2, "cuda_initialized": False},
+    "owner": {
+        "map_count": 349,
+        "open_fds": 4,
+        "nofile_soft": 20000,
+        "nofile_hard": 20000,
+        "python_threads": 1,
+        "os_threads": 2,
+        "cuda_initialized": False,
+    },
     "blockers": [],
 }
 
 
-def facts(loader: dict[str, Any], max_map_count: int | None = 65530, shm_free: int | None = 8 * 1024 * MiB,
-          cores: int | None = 2) -> Facts:
-    return Facts.from_dict({
-        "meta": {"schema_version": 1},
-        "limits": {"sysctl": {"vm": {"max_map_count": max_map_count}}},
-        "shm": {"free_bytes": shm_free, "size_bytes": shm_free},
-        "cpu": {"usable_cores": cores},
-        "loader": loader,
-    })
+def facts(
+    loader: dict[str, Any],
+    max_map_count: int | None = 65530,
+    shm_free: int | None = 8 * 1024 * MiB,
+    cores: int | None = 2,
+) -> Facts:
+    return Facts.from_dict(
+        {
+            "meta": {"schema_version": 1},
+            "limits": {"sysctl": {"vm": {"max_map_count": max_map_count}}},
+            "shm": {"free_bytes": shm_free, "size_bytes": shm_free},
+            "cpu": {"usable_cores": cores},
+            "loader": loader,
+        }
+    )
 
 
 def static(**changes: Any) -> dict[str, Any]:
@@ -74,11 +94,12 @@ def test_checks_yield_nothing_without_a_loader_section() -> None:
 
 # -- TD511 map count -------------------------------------------------------------------------
 
+
 def test_seed_case_is_an_error_with_count_and_limit() -> None:
     f = codes(facts(static()))["TD511"]
     assert f.severity is Severity.ERROR and f.family == "shm-map-count"
     assert "70,000" in f.message and "65530" in f.message and "70,349" in f.message
-    assert f.fix.splitlines()[1].startswith("1. `DataLoader(..., multiprocessing_context=\"fork\")`")
+    assert f.fix.splitlines()[1].startswith('1. `DataLoader(..., multiprocessing_context="fork")`')
     assert "sysctl -w vm.max_map_count=262144" in f.fix
 
 
@@ -102,19 +123,29 @@ def test_fork_fix_ranked_lower_when_the_owner_has_threads() -> None:
 
 # -- TD512 descriptors -----------------------------------------------------------------------
 
+
 def test_file_descriptor_strategy_against_a_low_nofile() -> None:
-    st = static(sharing_strategy={"strategy": "file_descriptor", "source": "torch's default"},
-                storages__count=2000, storages__nonempty=2000, owner__nofile_soft=256)
+    st = static(
+        sharing_strategy={"strategy": "file_descriptor", "source": "torch's default"},
+        storages__count=2000,
+        storages__nonempty=2000,
+        owner__nofile_soft=256,
+    )
     found = codes(facts(st))
     assert found["TD512"].severity is Severity.ERROR and found["TD512"].family == "fd-exhausted"
     assert "2,004" in found["TD512"].message and "256" in found["TD512"].message
     assert "file_system" in found["TD512"].fix  # 2000 mappings fit: the strategy switch is offered
-    ok = static(sharing_strategy={"strategy": "file_descriptor", "source": "torch's default"},
-                storages__count=2000, storages__nonempty=2000, owner__nofile_soft=65536)
+    ok = static(
+        sharing_strategy={"strategy": "file_descriptor", "source": "torch's default"},
+        storages__count=2000,
+        storages__nonempty=2000,
+        owner__nofile_soft=65536,
+    )
     assert "TD512" not in codes(facts(ok))
 
 
 # -- TD513 dataset bytes in /dev/shm ---------------------------------------------------------
+
 
 def test_dataset_bytes_against_shm() -> None:
     assert codes(facts(static(), shm_free=16 * MiB))["TD513"].severity is Severity.ERROR
@@ -123,12 +154,24 @@ def test_dataset_bytes_against_shm() -> None:
 
 # -- TD520 pickling --------------------------------------------------------------------------
 
+
 def _unpicklable(method: str) -> dict[str, Any]:
-    return static(start_method={"method": method, "source": "x"},
-                  pickling={"pickled_to_workers": method != "fork", "ok": False, "path": "dataset.transform.fn",
-                            "error": "AttributeError: Can't pickle local object 'f.<locals>.<lambda>'",
-                            "culprit": {"kind": "lambda", "qualname": "f.<locals>.<lambda>", "type": "function",
-                                        "repr": "<function>", "defined_at": "data.py:3"}})
+    return static(
+        start_method={"method": method, "source": "x"},
+        pickling={
+            "pickled_to_workers": method != "fork",
+            "ok": False,
+            "path": "dataset.transform.fn",
+            "error": "AttributeError: Can't pickle local object 'f.<locals>.<lambda>'",
+            "culprit": {
+                "kind": "lambda",
+                "qualname": "f.<locals>.<lambda>",
+                "type": "function",
+                "repr": "<function>",
+                "defined_at": "data.py:3",
+            },
+        },
+    )
 
 
 def test_unpicklable_is_an_error_under_spawn_and_info_under_fork() -> None:
@@ -140,6 +183,7 @@ def test_unpicklable_is_an_error_under_spawn_and_info_under_fork() -> None:
 
 
 # -- TD530-532 live --------------------------------------------------------------------------
+
 
 def _live(batch_bytes: int, workers: int = 2, prefetch: int = 2, **live: Any) -> dict[str, Any]:
     d = static(start_method={"method": "fork", "source": "x"})
@@ -157,8 +201,10 @@ def test_batches_in_flight_against_shm() -> None:
 
 
 def _workers(threads: list[int], growth: list[int]) -> list[dict[str, Any]]:
-    return [{"pid": 1 + i, "threads": t, "uss_first": 10 * MiB, "uss_last": 10 * MiB + g, "pss_last": 50 * MiB}
-            for i, (t, g) in enumerate(zip(threads, growth))]
+    return [
+        {"pid": 1 + i, "threads": t, "uss_first": 10 * MiB, "uss_last": 10 * MiB + g, "pss_last": 50 * MiB}
+        for i, (t, g) in enumerate(zip(threads, growth))
+    ]
 
 
 def test_threads_beyond_a_bare_worker() -> None:
@@ -183,15 +229,23 @@ def test_memory_growth_flagged_only_when_large() -> None:
 
 # -- TD501-505 outcomes ----------------------------------------------------------------------
 
-@pytest.mark.parametrize(("outcome", "code"), [
-    ({"status": "error", "error": {"phase": "batch", "type": "ValueError", "message": "bad", "traceback": "T"}},
-     "TD501"),
-    ({"status": "timeout", "timeout": 5, "phase": "batch", "stacks": "S"}, "TD502"),
-    ({"status": "crashed", "signal": "SIGSEGV", "phase": "batch"}, "TD503"),
-    ({"status": "memory", "memory_cap": MiB, "peak_memory": 2 * MiB, "phase": "build"}, "TD504"),
-    ({"status": "error", "error": {"phase": "live", "type": "RuntimeError", "message": "x", "traceback": "T"}},
-     "TD505"),
-])
+
+@pytest.mark.parametrize(
+    ("outcome", "code"),
+    [
+        (
+            {"status": "error", "error": {"phase": "batch", "type": "ValueError", "message": "bad", "traceback": "T"}},
+            "TD501",
+        ),
+        ({"status": "timeout", "timeout": 5, "phase": "batch", "stacks": "S"}, "TD502"),
+        ({"status": "crashed", "signal": "SIGSEGV", "phase": "batch"}, "TD503"),
+        ({"status": "memory", "memory_cap": MiB, "peak_memory": 2 * MiB, "phase": "build"}, "TD504"),
+        (
+            {"status": "error", "error": {"phase": "live", "type": "RuntimeError", "message": "x", "traceback": "T"}},
+            "TD505",
+        ),
+    ],
+)
 def test_each_outcome_has_its_code(outcome: dict[str, Any], code: str) -> None:
     found = [f.code for f in judge(facts({"outcome": outcome}))]
     assert found == [code]
@@ -200,10 +254,17 @@ def test_each_outcome_has_its_code(outcome: dict[str, Any], code: str) -> None:
 
 # -- start method, search, targets, culprits -------------------------------------------------
 
-@pytest.mark.parametrize(("version", "platform", "method"), [
-    ((3, 11), "linux", "fork"), ((3, 13), "linux", "fork"), ((3, 14), "linux", "forkserver"),
-    ((3, 11), "darwin", "spawn"), ((3, 14), "win32", "spawn"),
-])
+
+@pytest.mark.parametrize(
+    ("version", "platform", "method"),
+    [
+        ((3, 11), "linux", "fork"),
+        ((3, 13), "linux", "fork"),
+        ((3, 14), "linux", "forkserver"),
+        ((3, 11), "darwin", "spawn"),
+        ((3, 14), "win32", "spawn"),
+    ],
+)
 def test_default_start_method(version: tuple[int, int], platform: str, method: str) -> None:
     assert default_start_method(version, platform) == method
 
@@ -212,11 +273,14 @@ def test_doubling_grid() -> None:
     assert doubling(16) == [0, 1, 2, 4, 8, 16] and doubling(12) == [0, 1, 2, 4, 8, 12] and doubling(1) == [0, 1]
 
 
-@pytest.mark.parametrize("curve", [
-    lambda w: min(w, 2) * 100 + 100 - 3 * w,  # CPU-bound on 2 cores
-    lambda w: 50 * w + 20,  # I/O-bound: linear to the end
-    lambda w: 400 - (w - 6) ** 2 * 5,  # a peak in the middle
-])
+@pytest.mark.parametrize(
+    "curve",
+    [
+        lambda w: min(w, 2) * 100 + 100 - 3 * w,  # CPU-bound on 2 cores
+        lambda w: 50 * w + 20,  # I/O-bound: linear to the end
+        lambda w: 400 - (w - 6) ** 2 * 5,  # a peak in the middle
+    ],
+)
 def test_search_finds_near_best_with_few_points(curve: Any) -> None:
     s = search(lambda w: [float(curve(w))] * 3, 16)  # one run: three agreeing readings, settled at once
     best = max(curve(w) for w in range(17))

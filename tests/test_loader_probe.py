@@ -64,6 +64,7 @@ def ev(report: LoaderReport, code: str) -> dict[str, Any]:
 
 # -- the seed case ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("parent", ["spawn", "forkserver"])
 def test_seed_case_predicted_without_sharing_anything(parent: str) -> None:
     before = torch_segments()
@@ -99,22 +100,33 @@ def test_seed_case_in_a_fork_parent_is_fine() -> None:
 
 # -- descriptors under a real lowered RLIMIT_NOFILE --------------------------------------------
 
+
 def _nofile_256() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
 
 def test_file_descriptor_strategy_predicted_and_then_seen() -> None:
     args = ["loader", target("few_tensors"), "--parent-start-method", "spawn", "--format", "json"]
-    pred = subprocess.run([sys.executable, "-m", "torchdoctor", *args, "--static"], capture_output=True, text=True,
-                          timeout=120, preexec_fn=_nofile_256)
+    pred = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", *args, "--static"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_nofile_256,
+    )
     assert pred.returncode == 1, pred.stderr
     doc = json.loads(pred.stdout)
     f = next(x for x in doc["findings"] if x["code"] == "TD512")
     assert f["family"] == "fd-exhausted" and f["severity"] == "error"
     assert "RLIMIT_NOFILE 256" in f["message"] and "2,000 storages" in f["message"]
     assert doc["probe"]["static"]["owner"]["nofile_soft"] == 256
-    real = subprocess.run([sys.executable, "-m", "torchdoctor", *args, "--force-live"], capture_output=True, text=True,
-                          timeout=120, preexec_fn=_nofile_256)
+    real = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", *args, "--force-live"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_nofile_256,
+    )
     outcome = json.loads(real.stdout)["probe"]["outcome"]
     assert outcome["status"] == "error" and "Too many open files" in outcome["error"]["message"]
     assert outcome["explained"]["family"] == "fd-exhausted"
@@ -122,13 +134,17 @@ def test_file_descriptor_strategy_predicted_and_then_seen() -> None:
 
 # -- pickling --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "method", "path", "kind"), [
-    ("lambda_transform", "spawn", "dataset.transform.fn", "lambda"),
-    ("module_lambda", "spawn", "dataset.transform", "lambda"),
-    ("thread_lock", "forkserver", "dataset.lock", "lock"),
-    ("open_file", "spawn", "dataset.source['index']", "open file"),
-    ("generator", "spawn", "dataset.source", "generator"),
-])
+
+@pytest.mark.parametrize(
+    ("name", "method", "path", "kind"),
+    [
+        ("lambda_transform", "spawn", "dataset.transform.fn", "lambda"),
+        ("module_lambda", "spawn", "dataset.transform", "lambda"),
+        ("thread_lock", "forkserver", "dataset.lock", "lock"),
+        ("open_file", "spawn", "dataset.source['index']", "open file"),
+        ("generator", "spawn", "dataset.source", "generator"),
+    ],
+)
 def test_unpicklable_names_the_attribute_path(name: str, method: str, path: str, kind: str) -> None:
     r = probe(name, multiprocessing_context=method, static=True)
     f = r.by_code("TD520")
@@ -151,6 +167,7 @@ def test_unpicklable_under_fork_is_only_a_note() -> None:
 
 
 # -- the target's own code fails ---------------------------------------------------------------
+
 
 def test_raising_dataset_gives_the_childs_traceback() -> None:
     r = probe("corrupt")
@@ -190,15 +207,18 @@ def test_import_error_of_the_users_module_is_a_finding() -> None:
     assert "torchdoctor_no_such_dependency" in ev(r, "TD501")["traceback"]
 
 
-@pytest.mark.parametrize(("target_arg", "text"), [
-    ("no_such_package_xyz.data:build", "no module named 'no_such_package_xyz'"),
-    (f"{TARGETS}:no_such_function", "has no attribute 'no_such_function'"),
-    (f"{TARGETS}:not_a_loader", "not a torch DataLoader or Dataset"),
-    ("/nonexistent/train.py:build", "does not exist"),
-    ("/usr/bin/ls:main", "TARGET file '/usr/bin/ls' is not a Python file"),
-    (f"{FIXTURES / 'loader'}:build", "is a directory, not a Python file"),
-    ("tests.fixtures.loader.no_such_module:build", "no module named 'tests.fixtures.loader.no_such_module'"),
-])
+@pytest.mark.parametrize(
+    ("target_arg", "text"),
+    [
+        ("no_such_package_xyz.data:build", "no module named 'no_such_package_xyz'"),
+        (f"{TARGETS}:no_such_function", "has no attribute 'no_such_function'"),
+        (f"{TARGETS}:not_a_loader", "not a torch DataLoader or Dataset"),
+        ("/nonexistent/train.py:build", "does not exist"),
+        ("/usr/bin/ls:main", "TARGET file '/usr/bin/ls' is not a Python file"),
+        (f"{FIXTURES / 'loader'}:build", "is a directory, not a Python file"),
+        ("tests.fixtures.loader.no_such_module:build", "no module named 'tests.fixtures.loader.no_such_module'"),
+    ],
+)
 def test_usage_errors_are_one_line(target_arg: str, text: str) -> None:
     proc = run_cli("loader", target_arg, "--static")
     assert proc.returncode == 2 and text in proc.stderr, (proc.returncode, proc.stdout[-2000:], proc.stderr)
@@ -216,8 +236,10 @@ def test_a_text_file_target_is_a_usage_error(tmp_path: Path, beside: str | None)
         (tmp_path / "notes").mkdir()
     proc = run_cli("loader", "notes.txt:make_loader", cwd=tmp_path)
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr)
-    assert proc.stderr.strip() == ("torchdoctor: error: TARGET file 'notes.txt' is not a Python file (it does not "
-                                   "end in .py); TARGET is path/to/file.py:function or package.module:function")
+    assert proc.stderr.strip() == (
+        "torchdoctor: error: TARGET file 'notes.txt' is not a Python file (it does not "
+        "end in .py); TARGET is path/to/file.py:function or package.module:function"
+    )
     assert "TD501" not in proc.stdout
 
 
@@ -239,13 +261,35 @@ def test_api_accepts_the_factory_itself() -> None:
 
 # -- /dev/shm: a private small tmpfs ------------------------------------------------------------
 
+
 def _in_small_shm(*args: str) -> subprocess.CompletedProcess[str]:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare -m for a private /dev/shm")
     script = 'mount -t tmpfs -o size=16m,mode=1777 tmpfs /dev/shm && exec "$@"'
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", sys.executable, "-m",
-                           "torchdoctor", "loader", target("frames"), "--format", "json", *args],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            sys.executable,
+            "-m",
+            "torchdoctor",
+            "loader",
+            target("frames"),
+            "--format",
+            "json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 def test_batches_larger_than_shm_predicted_before_they_fail() -> None:
@@ -259,6 +303,7 @@ def test_batches_larger_than_shm_predicted_before_they_fail() -> None:
 
 
 # -- memory growth and threads -------------------------------------------------------------------
+
 
 def test_copy_on_write_growth_flagged_for_python_objects_not_numpy() -> None:
     pytest.importorskip("numpy")

@@ -48,15 +48,18 @@ def test_tuple_dataset_batch_is_its_batch_size_not_two() -> None:
     assert batch_size_of(batch) == 16
 
 
-@pytest.mark.parametrize(("batch", "expected"), [
-    (["a", "b", "c"], 3),  # a collated list of strings
-    ([["a"] * 5, ["b"] * 5], 5),  # (str, str) samples, collated
-    ({"ids": 7, "names": ["n"] * 6}, 6),
-    ("just one", 1),
-    (3.5, 1),
-    ([], 0),
-    ({"a": {}}, 1),
-])
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [
+        (["a", "b", "c"], 3),  # a collated list of strings
+        ([["a"] * 5, ["b"] * 5], 5),  # (str, str) samples, collated
+        ({"ids": 7, "names": ["n"] * 6}, 6),
+        ("just one", 1),
+        (3.5, 1),
+        ([], 0),
+        ({"a": {}}, 1),
+    ],
+)
 def test_batch_size_without_tensors(batch: Any, expected: int) -> None:
     assert batch_size_of(batch) == expected
 
@@ -106,6 +109,7 @@ def test_list_of_samples_is_counted_with_the_batch_size_hint(n: int, c: int, kin
 
 # -- the shared measurement, on real workers ---------------------------------------------------
 
+
 def plain_loop(loader: Any, seconds: float) -> float:
     """What a user times: samples per second of a for loop over the loader, after the first batch,
     epochs restarted as in training."""
@@ -150,7 +154,9 @@ def test_probe_samples_per_s_matches_a_plain_loop_for_a_tuple_dataset() -> None:
         assert 0.5 * plain <= figure <= 2.0 * plain, (figure, plain)
     # the plain loop pays a worker restart every epoch (not persistent): so does the per-epoch figure
     assert live["epoch_restart_seconds"] > 0 and 0.67 * plain <= live["epoch_samples_per_s"] <= 1.5 * plain, (
-        live["epoch_samples_per_s"], plain)
+        live["epoch_samples_per_s"],
+        plain,
+    )
     assert report.section["batch"]["samples"] == 16
     # epoch_seconds (which drives the persistent_workers advice) is the dataset over the measured rate
     chosen = tune["chosen"]

@@ -27,8 +27,20 @@ def slow_only(request: pytest.FixtureRequest) -> None:
 
 def test_tune_io_bound_prefers_more_workers_and_plots(tmp_path) -> None:  # type: ignore[no-untyped-def]
     png = tmp_path / "tune.png"
-    proc = run_cli("loader", f"{TUNE}:io_bound", "--tune", "--max-workers", "4", "--tune-seconds", "0.4",
-                   "--plot", str(png), "--format", "json", timeout=300)
+    proc = run_cli(
+        "loader",
+        f"{TUNE}:io_bound",
+        "--tune",
+        "--max-workers",
+        "4",
+        "--tune-seconds",
+        "0.4",
+        "--plot",
+        str(png),
+        "--format",
+        "json",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     tune = doc["probe"]["tune"]
@@ -44,8 +56,18 @@ def test_tune_io_bound_prefers_more_workers_and_plots(tmp_path) -> None:  # type
 
 def test_tune_text_shows_the_table_and_svg(tmp_path) -> None:  # type: ignore[no-untyped-def]
     svg = tmp_path / "tune.svg"
-    proc = run_cli("loader", f"{TUNE}:cpu_bound", "--tune", "--max-workers", "2", "--tune-seconds", "0.3",
-                   "--plot", str(svg), timeout=300)
+    proc = run_cli(
+        "loader",
+        f"{TUNE}:cpu_bound",
+        "--tune",
+        "--max-workers",
+        "2",
+        "--tune-seconds",
+        "0.3",
+        "--plot",
+        str(svg),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "tuning (settings in the order first measured)" in proc.stdout and "★" in proc.stdout
     assert "recommended" in proc.stdout and str(svg) in proc.stdout
@@ -69,8 +91,17 @@ def test_cli_formats_and_exit_codes() -> None:
     doc = json.loads(js.stdout)
     assert doc["command"] == "loader" and doc["schema_version"] == 1 and doc["summary"]["error"] >= 1
     assert doc["findings"][0]["code"] == "TD511" and doc["probe"]["static"]["storages"]["count"] == 70_000
-    md = run_cli("loader", f"{seed}:seed", "--parent-start-method", "spawn", "--static", "--format", "markdown",
-                 "--fail-on", "never")
+    md = run_cli(
+        "loader",
+        f"{seed}:seed",
+        "--parent-start-method",
+        "spawn",
+        "--static",
+        "--format",
+        "markdown",
+        "--fail-on",
+        "never",
+    )
     assert md.returncode == 0 and md.stdout.startswith("## torchdoctor loader") and "TD511" in md.stdout
     text = run_cli("loader", f"{seed}:seed_fork", "--parent-start-method", "spawn", "--static")
     assert text.returncode == 0 and "TD510 loader-start-method" in text.stdout and "TD511" not in text.stdout
@@ -83,8 +114,9 @@ def test_seed_prediction_matches_the_real_failure_and_is_faster(slow_only: None)
     from torchdoctor.lab.runner import run
 
     t0 = time.perf_counter()
-    pred = probe_loader(f"{FIXTURES / 'loader' / 'loader_targets.py'}:seed",
-                        ProbeOptions(parent_start_method="spawn", static=True))
+    pred = probe_loader(
+        f"{FIXTURES / 'loader' / 'loader_targets.py'}:seed", ProbeOptions(parent_start_method="spawn", static=True)
+    )
     predicted_s = time.perf_counter() - t0
     real = run(get("map-count-spawn"))
     if real.skipped:

@@ -51,7 +51,7 @@ class Fixture:
 def _load(path: Path) -> Fixture:
     raw = path.read_text(encoding="utf-8").splitlines()
     end = raw.index("# ---")
-    return Fixture(path, tuple(raw[:end]), tuple(raw[end + 1:]))
+    return Fixture(path, tuple(raw[:end]), tuple(raw[end + 1 :]))
 
 
 FIXTURES = [_load(p) for code in sorted(BY_CODE) for p in sorted((LOGS / code).glob("*.log"))]
@@ -84,6 +84,7 @@ def top_root_cause(lines: tuple[str, ...]) -> str | None:
 
 # -- the fixture set itself ----------------------------------------------------------------------
 
+
 def test_every_code_has_positive_and_near_miss_fixtures() -> None:
     assert len(MINE) >= 25
     for code in MINE:
@@ -108,6 +109,7 @@ def test_every_signature_matches_some_real_text() -> None:
 
 # -- positives and near misses -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fx", POSITIVE, ids=lambda f: f.id)
 def test_positive_fixture_is_recognised(fx: Fixture) -> None:
     found = matches(BY_CODE[fx.code], fx.lines)
@@ -122,8 +124,9 @@ def test_positive_fixture_is_recognised(fx: Fixture) -> None:
         assert not leftover - (m.code.placeholders() - captured), f"{fx.id}: {leftover} in {m.code.code}"
 
 
-@pytest.mark.parametrize("fx", [f for f in POSITIVE if BY_CODE[f.code].signatures[0].role is Role.ROOT_CAUSE],
-                         ids=lambda f: f.id)
+@pytest.mark.parametrize(
+    "fx", [f for f in POSITIVE if BY_CODE[f.code].signatures[0].role is Role.ROOT_CAUSE], ids=lambda f: f.id
+)
 def test_root_cause_fixture_names_its_code_first(fx: Fixture) -> None:
     assert top_root_cause(fx.lines) == (fx.expect_top or fx.code)
 
@@ -138,22 +141,34 @@ def test_near_miss_fixture_is_not_recognised(fx: Fixture) -> None:
 
 EXPECTED: dict[str, list[dict[str, str]]] = {
     "TD350/pytorch-59778-old-wording.log": [
-        {"requested": "2.26 GiB", "gpu": "0", "total": "6.00 GiB", "allocated": "781.59 MiB", "free": "3.03 GiB",
-         "reserved": "1.24 GiB"}],
+        {
+            "requested": "2.26 GiB",
+            "gpu": "0",
+            "total": "6.00 GiB",
+            "allocated": "781.59 MiB",
+            "free": "3.03 GiB",
+            "reserved": "1.24 GiB",
+        }
+    ],
     "TD350/pytorch-examples-621-cached-torch-1.2.log": [
-        {"requested": "26.00 MiB", "total": "1024.00 MiB", "free": "24.17 MiB", "reserved": "26.39 MiB"}],
+        {"requested": "26.00 MiB", "total": "1024.00 MiB", "free": "24.17 MiB", "reserved": "26.39 MiB"}
+    ],
     "TD350/generativegraph-5-kib.log": [{"requested": "1024.00 KiB", "free": "576.00 KiB"}],
     "TD350/stable-diffusion-702-zero-bytes-free.log": [{"requested": "192.00 MiB", "free": "0 bytes"}],
     "TD350/mygirlgpt-11-torch-2.1-capacty.log": [
-        {"requested": "32.00 MiB", "gpu": "0", "total": "4.00 GiB", "free": "41.56 MiB", "process_used": "3.44 GiB"}],
+        {"requested": "32.00 MiB", "gpu": "0", "total": "4.00 GiB", "free": "41.56 MiB", "process_used": "3.44 GiB"}
+    ],
     "TD350/mgfn-35-zero-bytes-is-free.log": [{"total": "6.00 GiB", "free": "0 bytes"}],
     "TD350/pytorch-16417-expandable-segments.log": [
-        {"requested": "22.00 MiB", "total": "23.65 GiB", "free": "11.06 MiB", "process_used": "23.60 GiB"}],
+        {"requested": "22.00 MiB", "total": "23.65 GiB", "free": "11.06 MiB", "process_used": "23.60 GiB"}
+    ],
     "TD350/firered-tts2-17-other-processes.log": [
-        {"free": "9.81 MiB", "other_pid": "3893521", "other_used": "618.00 MiB", "process_used": "9.74 GiB"}],
+        {"free": "9.81 MiB", "other_pid": "3893521", "other_used": "618.00 MiB", "process_used": "9.74 GiB"}
+    ],
     "TD350/ms-swift-5943-rank15.log": [{"gpu": "7", "requested": "2.63 GiB", "process_used": "0 bytes"}],
     "TD350/multirank-ms-swift-6301-oom-then-watchdog.log": [
-        {"gpu": "3", "requested": "4.35 GiB", "other_pid": "2521735", "process_used": "60.30 GiB"}],
+        {"gpu": "3", "requested": "4.35 GiB", "other_pid": "2521735", "process_used": "60.30 GiB"}
+    ],
     "TD351/wan2gp-1083-acceleratorerror.log": [{"error": "CUDA error: out of memory"}],
     "TD352/densematching-20.log": [{"status": "CUBLAS_STATUS_ALLOC_FAILED", "call": "cublasCreate(handle)"}],
     "TD353/info-hcvae-7-torch-1.3.log": [{"status": "CUDNN_STATUS_NOT_INITIALIZED"}],
@@ -164,39 +179,48 @@ EXPECTED: dict[str, list[dict[str, str]]] = {
     "TD357/yuan-65-userwarning.log": [{"found": "11000"}],
     "TD357/mlcommons-54-error-35.log": [{"found": "not printed"}],
     "TD480/slowfast-535-nccl-2.7.8.log": [
-        {"where": "/pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825", "nccl_version": "2.7.8"}],
+        {"where": "/pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825", "nccl_version": "2.7.8"}
+    ],
     "TD480/pytorch-pr-30157-ci.log": [{"nccl_version": "2.5.6"}],
     "TD480/nccl-207-title-no-version.log": [
-        {"where": "/torch/lib/c10d/ProcessGroupNCCL.cpp:260", "nccl_version": "version not printed on this line"}],
+        {"where": "/torch/lib/c10d/ProcessGroupNCCL.cpp:260", "nccl_version": "version not printed on this line"}
+    ],
     "TD481/nccl-520-internal-error.log": [{"nccl_version": "20.9.9"}],
     "TD481/nccl-1546-barrier.log": [{"nccl_version": "2.18.1"}],
     "TD482/nccl-2076-nccl-2.21.5.log": [
-        {"where": "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268", "nccl_version": "2.21.5"}],
+        {"where": "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268", "nccl_version": "2.21.5"}
+    ],
     "TD483/nccl-1405-status-12.log": [{"peer": "10.216.210.236<54862>", "status": "12", "vendor_err": "129"}],
     "TD483/nccl-928-error-4.log": [{"peer": "fe80::966d:ae03:8b:df78%ib0<53249>", "status": "4", "vendor_err": "81"}],
     "TD483/nccl-1664-ibp-title.log": [{"peer": "7.6.13.83<36315>", "status": "12"}],
-    "TD484/nccl-1410-invalid-argument.log": [{"nccl_version": "2.20.5"},
-                                             {"cuda_code": "1", "cuda_error": "invalid argument"}],
+    "TD484/nccl-1410-invalid-argument.log": [
+        {"nccl_version": "2.20.5"},
+        {"cuda_code": "1", "cuda_error": "invalid argument"},
+    ],
     "TD484/diffusion-pipe-ui-10.log": [{"cuda_code": "999", "cuda_error": "unknown error"}],
     "TD485/nccl-1235-calloc.log": [{"bytes": "6291456"}],
     "TD486/ci-infra-490-enospc.log": [
         {"segment": "/dev/shm/nccl-WU88OE", "size": "9637888", "errno": "28", "error": "No space left on device"},
-        {"segment": "/dev/shm/nccl-WU88OE", "size": "9637892"}],
+        {"segment": "/dev/shm/nccl-WU88OE", "size": "9637892"},
+    ],
     "TD486/nccl-tests-166-extend.log": [{"segment": "/dev/shm/nccl-fjwOOB", "size": "5967872"}],
     "TD486/easyr1-228-ray.log": [{"segment": "/dev/shm/nccl-UmqSM9", "size": "7340384"}],
     "TD487/nccl-1589-attach-enoent.log": [
-        {"segment": "/dev/shm/nccl-glnlGK", "size": "14156128", "errno": "2", "error": "No such file or directory"}],
+        {"segment": "/dev/shm/nccl-glnlGK", "size": "14156128", "errno": "2", "error": "No such file or directory"}
+    ],
     "TD487/vllm-18831-title.log": [{"segment": "/dev/shm/nccl-", "size": "192814336"}],
     "TD488/verl-161.log": [{"rank": "1", "other_rank": "0", "device": "10"}, {"nccl_version": "2.20.5"}],
     "TD488/horovod-3929-mpirun.log": [{"rank": "2", "other_rank": "0", "device": "1000"}],
     "TD490/ofa-271-old-format.log": [
-        {"rank": "1", "seq": "469508", "op": "ALLREDUCE", "timeout_ms": "1800000", "ran_ms": "1802212"}],
+        {"rank": "1", "seq": "469508", "op": "ALLREDUCE", "timeout_ms": "1800000", "ran_ms": "1802212"}
+    ],
     "TD490/basicsr-737.log": [{"rank": "2", "numel_in": "9801523", "ran_ms": "600061"}],
     "TD490/open-clip-1024-torch-2.5.1.log": [{"op": "ALLGATHER", "seq": "14217", "numel_out": "524288"}],
     "TD490/diffusers-12422-blocking-wait.log": [{"rank": "7", "seq": "2521", "timeout_ms": "600000"}],
     "TD490/accelerate-2174-thread-terminated.log": [{"rank": "7", "seq": "48490", "ran_ms": "1800368"}],
     "TD491/llamafactory-6269-timeout-at-work.log": [
-        {"work": "7753", "last_enqueued": "7755", "last_completed": "7752"}],
+        {"work": "7753", "last_enqueued": "7755", "last_completed": "7752"}
+    ],
     "TD491/arctic-training-219.log": [{"work": "120049", "last_enqueued": "120051", "last_completed": "120048"}],
     "TD492/llamafactory-6953-multinode.log": [{"pending": "1"}, {"stuck_s": "600"}],
     "TD492/deim-105.log": [{"pending": "103"}, {"pending": "84"}],
@@ -211,13 +235,16 @@ EXPECTED: dict[str, list[dict[str, str]]] = {
     "TD480/romp-80-nccl-error-2.log": [{"nccl_version": "version not printed on this line"}],
     "TD480/nccl-tests-15-common-cu.log": [{"test_where": "common.cu:921"}],
     "TD484/nccl-tests-5-all-reduce-cu.log": [{"test_where": "all_reduce.cu:95"}],
-    "TD486/nccl-342-shm-recv.log": [{"error": "No space left on device"},
-                                    {"segment": "nccl-shm-recv-250a7cc850ba9298-0-1-3", "size": "9637888"}],
+    "TD486/nccl-342-shm-recv.log": [
+        {"error": "No space left on device"},
+        {"segment": "nccl-shm-recv-250a7cc850ba9298-0-1-3", "size": "9637888"},
+    ],
     "TD486/nccl-290-posix-fallocate.log": [{"error": "No space left on device", "size": "not printed"}],
     "TD490/anysplat-61-optype-first.log": [{"op": "ALLREDUCE", "seq": "458", "ran_ms": "1800600", "timeout_ms": "?"}],
-    "TD490/nanotron-204-wrapped-prefix.log": [{"seq": "3", "numel_in": "1", "numel_out": "1", "timeout_ms": "600000",
-                                               "ran_ms": "600888"},
-                                              {"rank": "3", "seq": "3", "timeout_ms": "600000"}],
+    "TD490/nanotron-204-wrapped-prefix.log": [
+        {"seq": "3", "numel_in": "1", "numel_out": "1", "timeout_ms": "600000", "ran_ms": "600888"},
+        {"rank": "3", "seq": "3", "timeout_ms": "600000"},
+    ],
     "TD497/nccl-210-ipv6.log": [{"error": "Address family not supported by protocol"}],
 }
 
@@ -240,10 +267,22 @@ def test_oom_message_shows_the_numbers() -> None:
 # -- roles and relations -------------------------------------------------------------------------
 
 ROLES = {
-    "TD350": Role.ROOT_CAUSE, "TD351": Role.ROOT_CAUSE, "TD352": Role.ROOT_CAUSE, "TD355": Role.ROOT_CAUSE,
-    "TD356": Role.ROOT_CAUSE, "TD357": Role.ROOT_CAUSE, "TD364": Role.ADVICE, "TD480": Role.ROOT_CAUSE,
-    "TD486": Role.ROOT_CAUSE, "TD488": Role.ROOT_CAUSE, "TD490": Role.CASCADE, "TD491": Role.CASCADE,
-    "TD492": Role.CASCADE, "TD493": Role.ROOT_CAUSE, "TD494": Role.ROOT_CAUSE, "TD496": Role.ADVICE,
+    "TD350": Role.ROOT_CAUSE,
+    "TD351": Role.ROOT_CAUSE,
+    "TD352": Role.ROOT_CAUSE,
+    "TD355": Role.ROOT_CAUSE,
+    "TD356": Role.ROOT_CAUSE,
+    "TD357": Role.ROOT_CAUSE,
+    "TD364": Role.ADVICE,
+    "TD480": Role.ROOT_CAUSE,
+    "TD486": Role.ROOT_CAUSE,
+    "TD488": Role.ROOT_CAUSE,
+    "TD490": Role.CASCADE,
+    "TD491": Role.CASCADE,
+    "TD492": Role.CASCADE,
+    "TD493": Role.ROOT_CAUSE,
+    "TD494": Role.ROOT_CAUSE,
+    "TD496": Role.ADVICE,
     "TD497": Role.ROOT_CAUSE,
 }
 
@@ -261,8 +300,17 @@ def test_advice_lines_are_never_root_causes() -> None:
 
 
 def test_observed_codes_point_to_the_preflight_codes() -> None:
-    pairs = {"TD350": "TD305", "TD355": "TD303", "TD356": "TD309", "TD357": "TD311", "TD358": "TD301",
-             "TD359": "TD308", "TD360": "TD302", "TD486": "TD103", "TD488": "TD310"}
+    pairs = {
+        "TD350": "TD305",
+        "TD355": "TD303",
+        "TD356": "TD309",
+        "TD357": "TD311",
+        "TD358": "TD301",
+        "TD359": "TD308",
+        "TD360": "TD302",
+        "TD486": "TD103",
+        "TD488": "TD310",
+    }
     for log_code, preflight in pairs.items():
         assert preflight in BY_CODE[log_code].related
         assert lookup(preflight).family in {"gpu-unavailable", "cuda-oom", "nccl", "shm-exhausted"}
@@ -297,8 +345,10 @@ def test_watchdog_cascade_points_to_root_causes() -> None:
 RANK = re.compile(r"^\[rank(\d+)\]:")
 
 
-@pytest.mark.parametrize("name", ["TD350/multirank-ms-swift-6301-oom-then-watchdog.log",
-                                  "TD350/multirank-assembled-ms-swift-5943-and-4917.log"])
+@pytest.mark.parametrize(
+    "name",
+    ["TD350/multirank-ms-swift-6301-oom-then-watchdog.log", "TD350/multirank-assembled-ms-swift-5943-and-4917.log"],
+)
 def test_multirank_oom_explains_the_watchdog_timeouts(name: str) -> None:
     fx = _load(LOGS / name)
     found = all_matches(fx.lines)

@@ -54,10 +54,17 @@ def test_parse_cgroup_mounts_reads_root_and_controllers() -> None:
     assert [(m.version, m.mount_point) for m in v2] == [(2, "/sys/fs/cgroup")]
 
 
-@pytest.mark.parametrize("raw, v1, expected", [
-    ("max", False, None), ("8589934592", False, 8589934592), ("0", False, 0),
-    ("9223372036854771712", True, None), ("-1", True, None), ("2147483648", True, 2147483648),
-])
+@pytest.mark.parametrize(
+    "raw, v1, expected",
+    [
+        ("max", False, None),
+        ("8589934592", False, 8589934592),
+        ("0", False, 0),
+        ("9223372036854771712", True, None),
+        ("-1", True, None),
+        ("2147483648", True, 2147483648),
+    ],
+)
 def test_parse_limit(raw: str, v1: bool, expected: int | None) -> None:
     assert cgroups.parse_limit(raw, v1) == expected
 
@@ -144,7 +151,9 @@ def test_live_memory_matches_psutil() -> None:
 def test_live_cgroup_matches_the_kernel_files() -> None:
     out = cgroups.gather(GatherContext())
     proc = Path("/proc/self/cgroup").read_text()
-    v1 = any(line.split(":")[1] not in ("",) and not line.split(":")[1].startswith("name=") for line in proc.splitlines())
+    v1 = any(
+        line.split(":")[1] not in ("",) and not line.split(":")[1].startswith("name=") for line in proc.splitlines()
+    )
     assert out["version"] == (1 if v1 else 2)
     mem = out["memory"]
     if mem and mem["limited"] is not None:
@@ -157,11 +166,17 @@ def base_facts(**sections: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "meta": {"schema_version": 1},
         "host": {"uid": 1000, "env": {}},
-        "memory": {"total_bytes": 64 * GiB, "available_bytes": 60 * GiB, "commit_limit_bytes": 40 * GiB,
-                   "committed_bytes": 10 * GiB},
+        "memory": {
+            "total_bytes": 64 * GiB,
+            "available_bytes": 60 * GiB,
+            "commit_limit_bytes": 40 * GiB,
+            "committed_bytes": 10 * GiB,
+        },
         "cgroup": {"version": 2, "memory": {"limited": False}, "pids": {"limited": False}},
-        "limits": {"rlimits": {"as": {"soft": None, "soft_unlimited": True}, "data": {"soft": None},
-                               "nproc": {"soft": None}}, "sysctl": {"vm": {"overcommit_memory": 0}}},
+        "limits": {
+            "rlimits": {"as": {"soft": None, "soft_unlimited": True}, "data": {"soft": None}, "nproc": {"soft": None}},
+            "sysctl": {"vm": {"overcommit_memory": 0}},
+        },
         "cpu": {"torch_threads_estimate": 8},
     }
     for key, value in sections.items():
@@ -188,8 +203,15 @@ def test_healthy_facts_raise_no_memory_codes() -> None:
 
 
 def mem_limit(max_bytes: int, working: int, kills: int = 0) -> dict[str, Any]:
-    return {"limited": True, "max_bytes": max_bytes, "current_bytes": working, "working_set_bytes": working,
-            "inactive_file_bytes": 0, "oom_kill_events": kills, "max_source": "/sys/fs/cgroup/memory.max"}
+    return {
+        "limited": True,
+        "max_bytes": max_bytes,
+        "current_bytes": working,
+        "working_set_bytes": working,
+        "inactive_file_bytes": 0,
+        "oom_kill_events": kills,
+        "max_source": "/sys/fs/cgroup/memory.max",
+    }
 
 
 def test_td201_limit_below_host_ram_and_near_miss() -> None:
@@ -229,8 +251,13 @@ def test_td205_rlimit_as_and_data() -> None:
 
 
 def pids(limit: int, current: int, refused: int = 0) -> dict[str, Any]:
-    return {"limited": True, "max": limit, "current": current, "max_events": refused,
-            "max_source": "/sys/fs/cgroup/pids.max"}
+    return {
+        "limited": True,
+        "max": limit,
+        "current": current,
+        "max_events": refused,
+        "max_source": "/sys/fs/cgroup/pids.max",
+    }
 
 
 def test_td206_pids_room_for_processes_and_threads() -> None:
@@ -275,7 +302,11 @@ def test_real_rlimit_as_child_reports_td205() -> None:
 
     proc = subprocess.run(
         [sys.executable, "-m", "torchdoctor", "check", "--format", "json", "--no-torch"],
-        capture_output=True, text=True, timeout=120, preexec_fn=lower, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lower,
+        cwd=REPO,
     )
     assert proc.returncode == 1, proc.stderr  # an error-level finding
     found = [f for f in json.loads(proc.stdout)["findings"] if f["code"] == "TD205"]
@@ -291,8 +322,9 @@ def test_k8s_snapshot_reports_the_cgroup_codes() -> None:
     assert {"TD201", "TD203", "TD207", "TD251"} <= set(found)
     assert "TD202" not in found and "TD204" not in found  # 1 GiB used of 8 GiB: near-misses
     assert found["TD201"]["evidence"][0]["value"] == "8 GiB"
-    more = run_json("check", "--facts", str(K8S.relative_to(REPO)), "--nproc-per-node", "4",
-                    "--num-workers", "8", cwd=REPO)
+    more = run_json(
+        "check", "--facts", str(K8S.relative_to(REPO)), "--nproc-per-node", "4", "--num-workers", "8", cwd=REPO
+    )
     assert {"TD206", "TD250"} <= {f["code"] for f in more["findings"]}
 
 

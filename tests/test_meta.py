@@ -72,8 +72,11 @@ def _checks(fn: ast.AST, local_checkers: set[str]) -> list[ast.AST]:
             found.append(node)
         elif isinstance(node, ast.Call):
             base, name = _call_name(node)
-            if (base == "pytest" and name in PYTEST_CHECKS) or name.startswith(HELPER_PREFIXES) \
-                    or (not base and name in local_checkers):
+            if (
+                (base == "pytest" and name in PYTEST_CHECKS)
+                or name.startswith(HELPER_PREFIXES)
+                or (not base and name in local_checkers)
+            ):
                 found.append(node)
     return found
 
@@ -116,8 +119,10 @@ def problems(source: str, filename: str, excused: set[str] | None = None) -> lis
                 if excused is not None:
                     excused.add(f"{filename}::{d.name}")
                 continue
-            out.append(f"{filename}:{d.lineno} {d.name}: no assert, no pytest.raises/warns/fail, and no call "
-                       f"to an assert_/check_/expect_ helper")
+            out.append(
+                f"{filename}:{d.lineno} {d.name}: no assert, no pytest.raises/warns/fail, and no call "
+                f"to an assert_/check_/expect_ helper"
+            )
         for d in defs:
             visit(d, local)
         for c in (n for n in _own_nodes(scope) if isinstance(n, ast.ClassDef)):
@@ -135,8 +140,11 @@ def test_every_test_asserts_something_that_can_fail() -> None:
     files = _sources()
     assert len(files) > 20, files
     excused: set[str] = set()
-    found = [line for path in files
-             for line in problems(path.read_text(encoding="utf-8"), str(path.relative_to(TESTS.parent)), excused)]
+    found = [
+        line
+        for path in files
+        for line in problems(path.read_text(encoding="utf-8"), str(path.relative_to(TESTS.parent)), excused)
+    ]
     assert not found, "tests that cannot fail:\n  " + "\n  ".join(found)
     # an exception is kept only while its test exists and still asserts nothing, and it says why
     stale = sorted(set(EXCEPTIONS) - excused)
@@ -151,18 +159,24 @@ def test_test_modules_import_only_conftest_and_support() -> None:
             if isinstance(node, ast.ImportFrom):
                 module = ("." * node.level) + (node.module or "")
                 names = [a.name for a in node.names] if node.module in (None, "tests") else []
-                if module.lstrip(".").startswith("test_") or module.startswith("tests.test_") \
-                        or any(n.startswith("test_") for n in names):
+                if (
+                    module.lstrip(".").startswith("test_")
+                    or module.startswith("tests.test_")
+                    or any(n.startswith("test_") for n in names)
+                ):
                     bad.append(f"{path.name}:{node.lineno} imports from {module}")
             elif isinstance(node, ast.Import):
-                bad += [f"{path.name}:{node.lineno} imports {a.name}"
-                        for a in node.names if a.name.startswith("tests.test_")]
+                bad += [
+                    f"{path.name}:{node.lineno} imports {a.name}"
+                    for a in node.names
+                    if a.name.startswith("tests.test_")
+                ]
     assert bad == [], bad
 
 
 # -- the checker itself finds what it must ------------------------------------------------------------
 
-SAMPLE = textwrap.dedent('''
+SAMPLE = textwrap.dedent("""
     import pytest
 
     def test_asserts():
@@ -207,7 +221,7 @@ SAMPLE = textwrap.dedent('''
     class TestGroup:
         def test_method(self):
             self.value = 1
-''')
+""")
 
 
 def test_the_checker_names_each_test_that_cannot_fail(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,8 +230,14 @@ def test_the_checker_names_each_test_that_cannot_fail(monkeypatch: pytest.Monkey
     found = problems(SAMPLE + "\ndef test_excused():\n    run()\n", "sample.py", excused)
     assert excused == {"sample.py::test_excused"}
     named = {line.split()[1].rstrip(":") for line in found if "no assert" in line}
-    assert named == {"test_only_prints", "test_always_true", "test_tuple", "test_swallowed",
-                     "test_helper_never_called", "test_method"}
+    assert named == {
+        "test_only_prints",
+        "test_always_true",
+        "test_tuple",
+        "test_swallowed",
+        "test_helper_never_called",
+        "test_method",
+    }
     never = [line for line in found if "can never fail" in line]
     assert len(never) == 2, never
     assert any("or True" in line for line in never) and any("never checked" in line for line in never)
@@ -225,7 +245,7 @@ def test_the_checker_names_each_test_that_cannot_fail(monkeypatch: pytest.Monkey
 
 
 def test_the_checker_accepts_every_way_of_asserting() -> None:
-    ok = textwrap.dedent('''
+    ok = textwrap.dedent("""
         import pytest
         def test_a(): pytest.fail("x")
         def test_b():
@@ -233,7 +253,7 @@ def test_the_checker_accepts_every_way_of_asserting() -> None:
         def test_c(): check_report(1)
         def test_d(): expect_top("TD150")
         def test_e(x): mod.assert_fixed(x)
-    ''')
+    """)
     assert problems(ok, "ok.py") == []
 
 

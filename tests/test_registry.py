@@ -41,8 +41,15 @@ def test_code_is_complete(code) -> None:
 
 
 def test_first_digit_matches_area() -> None:
-    expected = {"1": {"shm"}, "2": {"memory", "cpu"}, "3": {"gpu"}, "4": {"distributed"}, "5": {"loader"},
-                "6": {"storage"}, "9": {"torchdoctor"}}
+    expected = {
+        "1": {"shm"},
+        "2": {"memory", "cpu"},
+        "3": {"gpu"},
+        "4": {"distributed"},
+        "5": {"loader"},
+        "6": {"storage"},
+        "9": {"torchdoctor"},
+    }
     for c in CODES:
         assert c.area in expected[c.code[2]], f"{c.code} is in area {c.area}"
 
@@ -50,8 +57,17 @@ def test_first_digit_matches_area() -> None:
 def test_every_family_has_a_code_or_is_log_only() -> None:
     # Preflight covers the families a machine's facts can predict; the rest arrive with `explain`.
     covered = {c.family for c in CODES}
-    assert {"shm-exhausted", "shm-map-count", "fd-exhausted", "host-oom", "checkpoint-io", "dist-env",
-            "dist-port", "gpu-unavailable", "thread-oversubscription"} <= covered
+    assert {
+        "shm-exhausted",
+        "shm-map-count",
+        "fd-exhausted",
+        "host-oom",
+        "checkpoint-io",
+        "dist-env",
+        "dist-port",
+        "gpu-unavailable",
+        "thread-oversubscription",
+    } <= covered
 
 
 def test_lookup_by_code_name_and_case() -> None:
@@ -79,8 +95,7 @@ def test_every_signature_compiles_and_lives_in_a_log_module() -> None:
     import subprocess
     import sys
 
-    code = ("import json; from torchdoctor.registry import log_codes; "
-            "print(json.dumps([c.code for c in log_codes()]))")
+    code = "import json; from torchdoctor.registry import log_codes; print(json.dumps([c.code for c in log_codes()]))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     seen_by_explain = set(json.loads(proc.stdout))
     with_signatures = {c.code for c in CODES if c.signatures}

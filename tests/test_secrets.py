@@ -30,13 +30,49 @@ from .conftest import run_cli
 
 # -- by name ----------------------------------------------------------------------------------------
 
-SECRET_NAMES = ["HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "MYSQL_PWD",
-                "DB_PWD", "COOKIE", "AZURE_STORAGE_CONNECTION_STRING", "CI_JOB_JWT", "CI_JOB_JWT_V2",
-                "SLACK_WEBHOOK_URL", "PGPASSWORD", "REDIS_PASS", "SENTRY_DSN", "SSH_AUTH_SOCK", "apiKey", "HFTOKEN",
-                "AccountKey", "x-api-key", "client_secret", "GOOGLE_APPLICATION_CREDENTIALS", "KEY_PASSPHRASE"]
-PLAIN_NAMES = ["PATH", "PWD", "OLDPWD", "HOME", "MONKEY", "KEYBOARD_LAYOUT", "TOKENIZERS_PARALLELISM",
-               "GIT_AUTHOR_NAME", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "SLURM_JOB_NAME", "max_tokens",
-               "tokenizer", "PASSTHROUGH", "BYPASS", "PGPASSFILE"]
+SECRET_NAMES = [
+    "HF_TOKEN",
+    "GITHUB_TOKEN",
+    "WANDB_API_KEY",
+    "AWS_SECRET_ACCESS_KEY",
+    "DB_PASSWORD",
+    "MYSQL_PWD",
+    "DB_PWD",
+    "COOKIE",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "CI_JOB_JWT",
+    "CI_JOB_JWT_V2",
+    "SLACK_WEBHOOK_URL",
+    "PGPASSWORD",
+    "REDIS_PASS",
+    "SENTRY_DSN",
+    "SSH_AUTH_SOCK",
+    "apiKey",
+    "HFTOKEN",
+    "AccountKey",
+    "x-api-key",
+    "client_secret",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "KEY_PASSPHRASE",
+]
+PLAIN_NAMES = [
+    "PATH",
+    "PWD",
+    "OLDPWD",
+    "HOME",
+    "MONKEY",
+    "KEYBOARD_LAYOUT",
+    "TOKENIZERS_PARALLELISM",
+    "GIT_AUTHOR_NAME",
+    "CUDA_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "SLURM_JOB_NAME",
+    "max_tokens",
+    "tokenizer",
+    "PASSTHROUGH",
+    "BYPASS",
+    "PGPASSFILE",
+]
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES)
@@ -58,30 +94,55 @@ PLANTED_ENV = {
     "MYSQL_PWD": ("my5ql-Pw0rd", "my5ql-Pw0rd", ""),
     "DB_PWD": ("dbPw-77aa", "dbPw-77aa", ""),
     "COOKIE": ("session=c00kieVal42", "c00kieVal42", ""),
-    "AZURE_STORAGE_CONNECTION_STRING": ((f"DefaultEndpointsProtocol=https;AccountName=acct7;AccountKey={ACCOUNT_KEY};"
-                                         "EndpointSuffix=core.windows.net"), ACCOUNT_KEY, ""),
+    "AZURE_STORAGE_CONNECTION_STRING": (
+        (f"DefaultEndpointsProtocol=https;AccountName=acct7;AccountKey={ACCOUNT_KEY};EndpointSuffix=core.windows.net"),
+        ACCOUNT_KEY,
+        "",
+    ),
     "CI_JOB_JWT": (JWT, JWT, ""),
-    "SLACK_WEBHOOK_URL": ("https://hooks.slack.com/services/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",
-                          "ZyXwVuTsRqPoNmLkJiHgFeDc", ""),
+    "SLACK_WEBHOOK_URL": (
+        "https://hooks.slack.com/services/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",
+        "ZyXwVuTsRqPoNmLkJiHgFeDc",
+        "",
+    ),
     # not secret by name: by shape
-    "METRICS_URL": ("https://metrics.example.com/push?api_key=AkSecret7731&job=train", "AkSecret7731",
-                    "https://metrics.example.com/push?api_key=<redacted>&job=train"),
+    "METRICS_URL": (
+        "https://metrics.example.com/push?api_key=AkSecret7731&job=train",
+        "AkSecret7731",
+        "https://metrics.example.com/push?api_key=<redacted>&job=train",
+    ),
     "SLURM_JOB_NAME": (f"finetune-{HF}", HF, "finetune-<redacted>"),
-    "TRAIN_ARGS": ("--lr 3e-4 --hf-token hf_not_a_real_format_but_a_flag --epochs 3", "hf_not_a_real_format_but_a_flag",
-                   "--lr 3e-4 --hf-token <redacted> --epochs 3"),
-    "DATA_REMOTE": ("s3://minio:M1n10-Secr3t@minio.internal:9000/datasets", "M1n10-Secr3t",
-                    "s3://<redacted>@minio.internal:9000/datasets"),
+    "TRAIN_ARGS": (
+        "--lr 3e-4 --hf-token hf_not_a_real_format_but_a_flag --epochs 3",
+        "hf_not_a_real_format_but_a_flag",
+        "--lr 3e-4 --hf-token <redacted> --epochs 3",
+    ),
+    "DATA_REMOTE": (
+        "s3://minio:M1n10-Secr3t@minio.internal:9000/datasets",
+        "M1n10-Secr3t",
+        "s3://<redacted>@minio.internal:9000/datasets",
+    ),
     "NOTES": (f"pushed with {GHP} by ci", GHP, "pushed with <redacted> by ci"),
     "AUTH_HEADER_VALUE": ("Bearer abcDEF123456.ghiJKL", "abcDEF123456.ghiJKL", ""),
 }
 #: Ordinary values: kept as they are, whatever the name (not secret).
 READABLE_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin", "PWD": "/home/alice/project", "OLDPWD": "/home/alice",
-    "HOSTNAME": "node7.cluster.example.com", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TOKENIZERS_PARALLELISM": "false", "MONKEY": "banana",
-    "GIT_AUTHOR_NAME": "Alice Example", "PIP_INDEX_URL": "https://pypi.org/simple", "NCCL_SOCKET_IFNAME": "eth0",
-    "SLURM_JOB_NAME": "finetune-llama-7b", "OMP_NUM_THREADS": "8", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
-    "TORCH_HOME": "/data/cache/torch", "HF_HUB_ENABLE_HF_TRANSFER": "1",
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "PWD": "/home/alice/project",
+    "OLDPWD": "/home/alice",
+    "HOSTNAME": "node7.cluster.example.com",
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "TOKENIZERS_PARALLELISM": "false",
+    "MONKEY": "banana",
+    "GIT_AUTHOR_NAME": "Alice Example",
+    "PIP_INDEX_URL": "https://pypi.org/simple",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "SLURM_JOB_NAME": "finetune-llama-7b",
+    "OMP_NUM_THREADS": "8",
+    "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+    "TORCH_HOME": "/data/cache/torch",
+    "HF_HUB_ENABLE_HF_TRANSFER": "1",
 }
 
 
@@ -105,32 +166,57 @@ def test_redact_env_keeps_ordinary_values_readable() -> None:
 SHAPES = [
     ("postgres://user:pw-9x@db.internal/runs", "pw-9x", "postgres://<redacted>@db.internal/runs"),
     ("mysql://root:p@ss@db:3306/x", "p@ss", "mysql://<redacted>@db:3306/x"),
-    ("GET https://api.example.com/v1?api_key=AkSecret7731&page=2", "AkSecret7731",
-     "GET https://api.example.com/v1?api_key=<redacted>&page=2"),
-    ("https://acct.blob.core.windows.net/c/b?sv=2022-11-02&ss=b&sig=AbC%2Bd%3Dxyz&se=2030", "AbC%2Bd%3Dxyz",
-     "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&ss=b&sig=<redacted>&se=2030"),
-    ("https://s3.example.com/b/k?X-Amz-Signature=f00dfeed1234&X-Amz-Expires=60", "f00dfeed1234",
-     "https://s3.example.com/b/k?X-Amz-Signature=<redacted>&X-Amz-Expires=60"),
+    (
+        "GET https://api.example.com/v1?api_key=AkSecret7731&page=2",
+        "AkSecret7731",
+        "GET https://api.example.com/v1?api_key=<redacted>&page=2",
+    ),
+    (
+        "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&ss=b&sig=AbC%2Bd%3Dxyz&se=2030",
+        "AbC%2Bd%3Dxyz",
+        "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&ss=b&sig=<redacted>&se=2030",
+    ),
+    (
+        "https://s3.example.com/b/k?X-Amz-Signature=f00dfeed1234&X-Amz-Expires=60",
+        "f00dfeed1234",
+        "https://s3.example.com/b/k?X-Amz-Signature=<redacted>&X-Amz-Expires=60",
+    ),
     (f"GITHUB_TOKEN={GHP}", GHP, "GITHUB_TOKEN=<redacted>"),
     ("login failed: token=tok_9QwErTy12, retrying", "tok_9QwErTy12", "login failed: token=<redacted>, retrying"),
     ("Namespace(api_key='k-123-abc', lr=0.1)", "k-123-abc", "Namespace(api_key='<redacted>', lr=0.1)"),
     ('{"password": "hunter2!", "user": "bob"}', "hunter2!", '{"password": "<redacted>", "user": "bob"}'),
-    ("wandb:\n  api_key: 0123abcd9876\n  project: llm", "0123abcd9876", "wandb:\n  api_key: <redacted>\n  project: llm"),
+    (
+        "wandb:\n  api_key: 0123abcd9876\n  project: llm",
+        "0123abcd9876",
+        "wandb:\n  api_key: <redacted>\n  project: llm",
+    ),
     ("curl -H 'X-Api-Key: sekrit123' https://x", "sekrit123", "curl -H 'X-Api-Key: <redacted>' https://x"),
     ("Authorization: Basic YWxpY2U6c2VjcmV0", "YWxpY2U6c2VjcmV0", "Authorization: <redacted>"),
     ("sent with Bearer abcDEF123456.ghiJKL ok", "abcDEF123456.ghiJKL", "sent with Bearer <redacted> ok"),
-    (f"DefaultEndpointsProtocol=https;AccountName=acct7;AccountKey={ACCOUNT_KEY};EndpointSuffix=core.windows.net",
-     ACCOUNT_KEY, "DefaultEndpointsProtocol=https;AccountName=acct7;AccountKey=<redacted>;EndpointSuffix=core.windows.net"),
-    ("python train.py --db-password hunter2 --hf-token=hf_x --api-key X --epochs 3", "hunter2",
-     "python train.py --db-password <redacted> --hf-token=<redacted> --api-key <redacted> --epochs 3"),
-    ("notify https://hooks.slack.com/services/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", "ZyXwVuTsRqPoNmLkJiHgFeDc",
-     "notify https://hooks.slack.com/services/<redacted>"),
+    (
+        f"DefaultEndpointsProtocol=https;AccountName=acct7;AccountKey={ACCOUNT_KEY};EndpointSuffix=core.windows.net",
+        ACCOUNT_KEY,
+        "DefaultEndpointsProtocol=https;AccountName=acct7;AccountKey=<redacted>;EndpointSuffix=core.windows.net",
+    ),
+    (
+        "python train.py --db-password hunter2 --hf-token=hf_x --api-key X --epochs 3",
+        "hunter2",
+        "python train.py --db-password <redacted> --hf-token=<redacted> --api-key <redacted> --epochs 3",
+    ),
+    (
+        "notify https://hooks.slack.com/services/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",
+        "ZyXwVuTsRqPoNmLkJiHgFeDc",
+        "notify https://hooks.slack.com/services/<redacted>",
+    ),
     (f"job={JWT}", JWT, "job=<redacted>"),
     ("AWS key AKIAIOSFODNN7EXAMPLE used", "AKIAIOSFODNN7EXAMPLE", "AWS key <redacted> used"),
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----", "MIIEpAIBAAKCAQEA", REDACTED),
     # a bare "key" is mostly code, but not as a query parameter or when the value looks generated
-    ("GET https://maps.example.com/api/geocode?key=abcdefghijk", "abcdefghijk",
-     "GET https://maps.example.com/api/geocode?key=<redacted>"),
+    (
+        "GET https://maps.example.com/api/geocode?key=abcdefghijk",
+        "abcdefghijk",
+        "GET https://maps.example.com/api/geocode?key=<redacted>",
+    ),
     ("cache(key=9f8e7d6c5b4a)", "9f8e7d6c5b4a", "cache(key=<redacted>)"),
     # one form's value holding another's key (found by the property test below)
     ("A=0(password=00000000", "00000000", "A=0(password=<redacted>"),
@@ -185,12 +271,29 @@ def test_ordinary_text_is_left_alone(text: str) -> None:
 
 
 def test_command_line_flags_both_forms() -> None:
-    argv = ["/usr/bin/python3", "serve.py", "--db-password", "pass word 1", "--hf-token=hf_abc", "--api-key", "X",
-            "--use-auth-token", "--port", "29500", "--token", "-v", "--secret=", "--key-file", "/etc/k.pem"]
+    argv = [
+        "/usr/bin/python3",
+        "serve.py",
+        "--db-password",
+        "pass word 1",
+        "--hf-token=hf_abc",
+        "--api-key",
+        "X",
+        "--use-auth-token",
+        "--port",
+        "29500",
+        "--token",
+        "-v",
+        "--secret=",
+        "--key-file",
+        "/etc/k.pem",
+    ]
     out = redact_argv(argv)
     assert "pass word 1" not in out and "hf_abc" not in out and " X " not in out
-    assert out == ("/usr/bin/python3 serve.py --db-password <redacted> --hf-token=<redacted> --api-key <redacted> "
-                   "--use-auth-token --port 29500 --token -v --secret= --key-file /etc/k.pem")
+    assert out == (
+        "/usr/bin/python3 serve.py --db-password <redacted> --hf-token=<redacted> --api-key <redacted> "
+        "--use-auth-token --port 29500 --token -v --secret= --key-file /etc/k.pem"
+    )
     # a bare --key: its value goes when it looks generated, not when it names a column
     assert redact_argv(["x", "--sort-key", "loss", "--key", "a1b2c3d4e5"]) == "x --sort-key loss --key <redacted>"
 
@@ -224,41 +327,106 @@ def _value(low: int = 6, high: int = 40) -> st.SearchStrategy[str]:
 
 #: format -> strategy of (planted text, the secret that must not survive)
 TOKEN_FORMATS: dict[str, st.SearchStrategy[tuple[str, str]]] = {
-    "github": st.builds(lambda p, b: (p + b, b), st.sampled_from(["ghp_", "gho_", "ghs_", "ghu_", "ghr_"]), _s(_B62, 36)),
+    "github": st.builds(
+        lambda p, b: (p + b, b), st.sampled_from(["ghp_", "gho_", "ghs_", "ghu_", "ghr_"]), _s(_B62, 36)
+    ),
     "github_pat": st.builds(lambda a, b: (f"github_pat_{a}_{b}", f"{a}_{b}"), _s(_B62, 22), _s(_B62, 59)),
-    "slack": st.builds(lambda k, a, b, c: (f"xox{k}-{a}-{b}-{c}", f"{a}-{b}-{c}"), st.sampled_from("abpr"),
-                       _s(string.digits, 10, 13), _s(string.digits, 10, 13), _s(_B62, 24, 32)),
+    "slack": st.builds(
+        lambda k, a, b, c: (f"xox{k}-{a}-{b}-{c}", f"{a}-{b}-{c}"),
+        st.sampled_from("abpr"),
+        _s(string.digits, 10, 13),
+        _s(string.digits, 10, 13),
+        _s(_B62, 24, 32),
+    ),
     "aws": st.builds(lambda p, b: (p + b, p + b), st.sampled_from(["AKIA", "ASIA"]), _s(_UPPER_DIGITS, 16)),
     "huggingface": st.builds(lambda b: ("hf_" + b, b), _s(_B62, 34)),
-    "openai": st.builds(lambda p, b: (p + b, b), st.sampled_from(["sk-", "sk-proj-", "sk-svcacct-"]),
-                        _s(_B62 + "-_", 40, 160)),
-    "jwt": st.builds(lambda h, p, s: (f"eyJ{h}.eyJ{p}.{s}", f"{p}.{s}"), _s(_B64URL, 10, 40), _s(_B64URL, 10, 200),
-                     _s(_B64URL, 20, 86)),
-    "slack_webhook": st.builds(lambda t, b, s: (f"https://hooks.slack.com/services/T{t}/B{b}/{s}", s),
-                               _s(_UPPER_DIGITS, 8, 10), _s(_UPPER_DIGITS, 8, 10), _s(_B62, 24)),
+    "openai": st.builds(
+        lambda p, b: (p + b, b), st.sampled_from(["sk-", "sk-proj-", "sk-svcacct-"]), _s(_B62 + "-_", 40, 160)
+    ),
+    "jwt": st.builds(
+        lambda h, p, s: (f"eyJ{h}.eyJ{p}.{s}", f"{p}.{s}"),
+        _s(_B64URL, 10, 40),
+        _s(_B64URL, 10, 200),
+        _s(_B64URL, 20, 86),
+    ),
+    "slack_webhook": st.builds(
+        lambda t, b, s: (f"https://hooks.slack.com/services/T{t}/B{b}/{s}", s),
+        _s(_UPPER_DIGITS, 8, 10),
+        _s(_UPPER_DIGITS, 8, 10),
+        _s(_B62, 24),
+    ),
     "bearer": st.builds(lambda b: ("Bearer " + b, b), _s(_B62 + "-._~+/", 20, 80)),
-    "url_credentials": st.builds(lambda sc, u, pw, h: (f"{sc}://{u}:{pw}@{h}.example.com/db", pw),
-                                 st.sampled_from(["https", "postgres", "postgresql+psycopg2", "redis", "s3", "amqp"]),
-                                 _s(_B62, 1, 12), _s(_B62 + "-._~!$*+,;=:@%", 8, 40), _s(string.ascii_lowercase, 1, 12)),
-    "query": st.builds(lambda k, v: (f"https://api.example.com/v1/x?run=7&{k}={v}&page=2", v),
-                       st.sampled_from(["api_key", "apikey", "token", "key", "sig", "signature", "password", "secret",
-                                        "access_token", "refresh_token", "client_secret", "X-Amz-Signature",
-                                        "X-Amz-Security-Token", "AccountKey", "auth"]),
-                       _s(_B62 + "-._~%+/=", 8, 60)),
-    "pair": st.builds(lambda k, v: (f"{k}={v}", v),
-                      st.sampled_from(["password", "passwd", "token", "api_key", "AccountKey", "secret", "DB_PASSWORD",
-                                       "MYSQL_PWD", "--hf-token", "--db-password", "x-api-key"]), _value(8)),
-    "flag": st.builds(lambda k, v: (f"--{k} {v}", v),
-                      st.sampled_from(["db-password", "hf-token", "api-key", "password", "token", "secret", "auth-token",
-                                       "access-key"]), _value(8)),
+    "url_credentials": st.builds(
+        lambda sc, u, pw, h: (f"{sc}://{u}:{pw}@{h}.example.com/db", pw),
+        st.sampled_from(["https", "postgres", "postgresql+psycopg2", "redis", "s3", "amqp"]),
+        _s(_B62, 1, 12),
+        _s(_B62 + "-._~!$*+,;=:@%", 8, 40),
+        _s(string.ascii_lowercase, 1, 12),
+    ),
+    "query": st.builds(
+        lambda k, v: (f"https://api.example.com/v1/x?run=7&{k}={v}&page=2", v),
+        st.sampled_from(
+            [
+                "api_key",
+                "apikey",
+                "token",
+                "key",
+                "sig",
+                "signature",
+                "password",
+                "secret",
+                "access_token",
+                "refresh_token",
+                "client_secret",
+                "X-Amz-Signature",
+                "X-Amz-Security-Token",
+                "AccountKey",
+                "auth",
+            ]
+        ),
+        _s(_B62 + "-._~%+/=", 8, 60),
+    ),
+    "pair": st.builds(
+        lambda k, v: (f"{k}={v}", v),
+        st.sampled_from(
+            [
+                "password",
+                "passwd",
+                "token",
+                "api_key",
+                "AccountKey",
+                "secret",
+                "DB_PASSWORD",
+                "MYSQL_PWD",
+                "--hf-token",
+                "--db-password",
+                "x-api-key",
+            ]
+        ),
+        _value(8),
+    ),
+    "flag": st.builds(
+        lambda k, v: (f"--{k} {v}", v),
+        st.sampled_from(
+            ["db-password", "hf-token", "api-key", "password", "token", "secret", "auth-token", "access-key"]
+        ),
+        _value(8),
+    ),
 }
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), fmt=st.sampled_from(sorted(TOKEN_FORMATS)), prefix=st.text(max_size=60),
-       suffix=st.text(max_size=60), before=st.sampled_from(_SEPARATORS), after=st.sampled_from(_AFTER))
-def test_a_planted_token_never_survives(data: st.DataObject, fmt: str, prefix: str, suffix: str, before: str,
-                                        after: str) -> None:
+@given(
+    data=st.data(),
+    fmt=st.sampled_from(sorted(TOKEN_FORMATS)),
+    prefix=st.text(max_size=60),
+    suffix=st.text(max_size=60),
+    before=st.sampled_from(_SEPARATORS),
+    after=st.sampled_from(_AFTER),
+)
+def test_a_planted_token_never_survives(
+    data: st.DataObject, fmt: str, prefix: str, suffix: str, before: str, after: str
+) -> None:
     planted, secret = data.draw(TOKEN_FORMATS[fmt], label=fmt)
     assert len(secret) >= 8 and secret in planted
     around = prefix + before + planted.replace(secret, "", 1) + after + suffix
@@ -343,8 +511,17 @@ sys.stdin.read()
 def test_port_holder_command_line_is_redacted(tmp_path: Path) -> None:
     script = tmp_path / "hold.py"
     script.write_text(HOLD_PORT)
-    argv = [sys.executable, str(script), "--db-password", HOLDER_SECRETS["--db-password"],
-            f"--hf-token={HOLDER_SECRETS['--hf-token']}", "--api-key", HOLDER_SECRETS["--api-key"], "--epochs", "3"]
+    argv = [
+        sys.executable,
+        str(script),
+        "--db-password",
+        HOLDER_SECRETS["--db-password"],
+        f"--hf-token={HOLDER_SECRETS['--hf-token']}",
+        "--api-key",
+        HOLDER_SECRETS["--api-key"],
+        "--epochs",
+        "3",
+    ]
     holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None
@@ -355,8 +532,13 @@ def test_port_holder_command_line_is_redacted(tmp_path: Path) -> None:
         store = json.loads(facts.stdout)["dist"]["store"]
         assert store["bindable"] is False and store["holder"]["pid"] == holder.pid, store
         cmdline = store["holder"]["cmdline"]
-        assert cmdline == (f"{sys.executable} {script} --db-password <redacted> --hf-token=<redacted> "
-                           "--api-key <redacted> --epochs 3")[:200]
+        assert (
+            cmdline
+            == (
+                f"{sys.executable} {script} --db-password <redacted> --hf-token=<redacted> "
+                "--api-key <redacted> --epochs 3"
+            )[:200]
+        )
         outputs = {"facts --dist": facts.stdout + facts.stderr}
         for fmt in ("json", "markdown", "text"):
             proc = run_cli("check", "--no-torch", "--dist", "--format", fmt, "--fail-on", "never", env=env)
@@ -393,17 +575,30 @@ ERROR: upload failed with token=tok_9QwErTy12 for postgres://trainer:PgPw-4c1d9e
 fatal: could not read from https://x-access-token:{GHP}@github.com/org/data.git
 [rank0]: RuntimeError: cannot log in: GITHUB_TOKEN={GHP} HF_TOKEN={HF}
 """
-LOG_SECRETS = [HF, JWT.split(".", 1)[1], "AkSecret7731", "ZyXwVuTsRqPoNmLkJiHgFeDc", "tok_9QwErTy12", "PgPw-4c1d9e",
-               GHP[4:]]
+LOG_SECRETS = [
+    HF,
+    JWT.split(".", 1)[1],
+    "AkSecret7731",
+    "ZyXwVuTsRqPoNmLkJiHgFeDc",
+    "tok_9QwErTy12",
+    "PgPw-4c1d9e",
+    GHP[4:],
+]
 #: log -> format -> the secrets the report quotes when not redacted (markdown shows no traceback)
 QUOTED = {
     "root-cause": {"text": [HF], "json": [HF], "markdown": []},
     "unmatched": {"text": LOG_SECRETS[1:], "json": LOG_SECRETS[1:], "markdown": LOG_SECRETS[2:]},
 }
 #: what stays readable around the secrets
-CONTEXT = {"root-cause": ["Parent directory /nonexistent-dir", "hub_token=\"<redacted>\""],
-           "unmatched": ["api_key=<redacted>&run=7", "postgres://<redacted>@db.internal:5432/runs",
-                         "hooks.slack.com/services/", "GITHUB_TOKEN=<redacted>"]}
+CONTEXT = {
+    "root-cause": ["Parent directory /nonexistent-dir", 'hub_token="<redacted>"'],
+    "unmatched": [
+        "api_key=<redacted>&run=7",
+        "postgres://<redacted>@db.internal:5432/runs",
+        "hooks.slack.com/services/",
+        "GITHUB_TOKEN=<redacted>",
+    ],
+}
 
 
 @pytest.fixture(scope="module")

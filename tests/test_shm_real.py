@@ -56,8 +56,9 @@ def private_shm() -> Any:
 
 
 def _torchdoctor(size: str, *args: str) -> tuple[int, dict[str, Any]]:
-    proc = subprocess.run(private_shm_argv(size, sys.executable, "-m", "torchdoctor", *args),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        private_shm_argv(size, sys.executable, "-m", "torchdoctor", *args), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -114,6 +115,7 @@ def test_64mb_shm_fits_small_batches(private_shm: None) -> None:
 
 # -- the recorded snapshot ---------------------------------------------------------------------
 
+
 def test_docker_64mb_snapshot_is_recorded_for_real() -> None:
     data = json.loads(SNAPSHOT.read_text())
     assert data["meta"]["provenance"].startswith("Recorded with")
@@ -122,8 +124,12 @@ def test_docker_64mb_snapshot_is_recorded_for_real() -> None:
 
 
 def test_check_on_docker_64mb_snapshot_reports_td103() -> None:
-    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "check", "--facts", str(SNAPSHOT), "--format", "json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "check", "--facts", str(SNAPSHOT), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     found = {f["code"]: f for f in json.loads(proc.stdout)["findings"]}
     assert "TD103" in found, sorted(found)

@@ -60,22 +60,51 @@ def entry(facts: Facts, i: int = 0) -> dict[str, Any]:
 
 
 def snapshot(*entries: dict[str, Any], **sections: Any) -> Facts:
-    return Facts.from_dict({"meta": {"schema_version": 1}, "paths": {"euid": 1000, "entries": list(entries)}, **sections})
+    return Facts.from_dict(
+        {"meta": {"schema_version": 1}, "paths": {"euid": 1000, "entries": list(entries)}, **sections}
+    )
 
 
-def dir_entry(path: str = "/ckpt", free: int = 100 * GiB, total: int = 500 * GiB, fsid: int = 7,
-              inodes_free: int | None = 10_000_000, inodes_total: int | None = 20_000_000,
-              fstype: str = "ext4", kind: str = "local", options: tuple[str, ...] = ("rw",),
-              write_test: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+def dir_entry(
+    path: str = "/ckpt",
+    free: int = 100 * GiB,
+    total: int = 500 * GiB,
+    fsid: int = 7,
+    inodes_free: int | None = 10_000_000,
+    inodes_total: int | None = 20_000_000,
+    fstype: str = "ext4",
+    kind: str = "local",
+    options: tuple[str, ...] = ("rw",),
+    write_test: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """One entry of the paths section, shaped like facts/paths.py writes it."""
     e = {
-        "path": path, "abspath": path, "exists": True, "is_dir": True, "writable": True, "creatable": None,
-        "nearest_existing": None, "missing_levels": 0, "owner": {"uid": 0, "gid": 0, "mode": "0755"},
-        "write_test": write_test or {"ok": True, "where": path}, "stat_error": None, "timed_out": False,
-        "fs": {"checked_at": path, "free_bytes": free, "total_bytes": total, "inodes_free": inodes_free,
-               "inodes_total": inodes_total, "read_only": False, "fsid": fsid},
+        "path": path,
+        "abspath": path,
+        "exists": True,
+        "is_dir": True,
+        "writable": True,
+        "creatable": None,
+        "nearest_existing": None,
+        "missing_levels": 0,
+        "owner": {"uid": 0, "gid": 0, "mode": "0755"},
+        "write_test": write_test or {"ok": True, "where": path},
+        "stat_error": None,
+        "timed_out": False,
+        "fs": {
+            "checked_at": path,
+            "free_bytes": free,
+            "total_bytes": total,
+            "inodes_free": inodes_free,
+            "inodes_total": inodes_total,
+            "read_only": False,
+            "fsid": fsid,
+        },
         "mount": {"mount_point": "/", "fstype": fstype, "source": "/dev/sda1", "options": list(options)},
-        "fstype": fstype, "fs_kind": kind, "mount_read_only": "ro" in options,
+        "fstype": fstype,
+        "fs_kind": kind,
+        "mount_read_only": "ro" in options,
     }
     e.update(extra)
     return e
@@ -238,8 +267,13 @@ def test_unprivileged_user_on_0555_directory_gets_eacces() -> None:
         can_run = subprocess.run([*drop, sys.executable, "-c", "import torchdoctor"], capture_output=True, text=True)
         if can_run.returncode != 0:
             pytest.skip(f"uid 65534 cannot run this interpreter: {can_run.stderr.strip()[-200:]}")
-        proc = subprocess.run([*drop, sys.executable, "-m", "torchdoctor", "check", "--no-torch", "--format", "json",
-                               "--path", str(d)], capture_output=True, text=True, timeout=120, cwd=REPO)
+        proc = subprocess.run(
+            [*drop, sys.executable, "-m", "torchdoctor", "check", "--no-torch", "--format", "json", "--path", str(d)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
         assert proc.returncode == 1, proc.stderr
         doc = json.loads(proc.stdout)
         td604 = [f for f in doc["findings"] if f["code"] == "TD604"]
@@ -255,8 +289,10 @@ def test_read_only_bind_mount(tmp_path: Path) -> None:
     d = tmp_path / "data"
     d.mkdir()
     setup = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"'
-    runs = [["check", "--no-torch", "--format", "json", "--fail-on", "never", "--path", str(d), "--path", str(d / "new")],
-            ["facts", "--no-torch", "--path", str(d)]]
+    runs = [
+        ["check", "--no-torch", "--format", "json", "--fail-on", "never", "--path", str(d), "--path", str(d / "new")],
+        ["facts", "--no-torch", "--path", str(d)],
+    ]
     out = in_private_mounts(setup, d, d, runs)
     facts = json.loads(out["runs"][1]["stdout"])["paths"]["entries"][0]
     assert facts["mount"]["mount_point"] == str(d) and facts["mount_read_only"] is True
@@ -275,10 +311,11 @@ def test_read_only_bind_mount(tmp_path: Path) -> None:
 def test_full_tmpfs_reports_enospc_and_leaves_only_the_filler(tmp_path: Path) -> None:
     d = tmp_path / "full"
     d.mkdir()
-    setup = ('mount -t tmpfs -o size=1m tmpfs "$1" && '
-             '{ head -c 4194304 /dev/zero > "$1/fill" 2>/dev/null; true; }')
-    runs = [["check", "--no-torch", "--format", "json", "--path", str(d), "--expect-bytes", "1MiB"],
-            ["facts", "--no-torch", "--path", str(d)]]
+    setup = 'mount -t tmpfs -o size=1m tmpfs "$1" && { head -c 4194304 /dev/zero > "$1/fill" 2>/dev/null; true; }'
+    runs = [
+        ["check", "--no-torch", "--format", "json", "--path", str(d), "--expect-bytes", "1MiB"],
+        ["facts", "--no-torch", "--path", str(d)],
+    ]
     out = in_private_mounts(setup, d, d, runs)
     e = json.loads(out["runs"][1]["stdout"])["paths"]["entries"][0]
     assert e["fstype"] == "tmpfs" and e["fs_kind"] == "memory" and e["fs"]["free_bytes"] == 0
@@ -299,7 +336,9 @@ def test_expect_bytes_on_a_private_tmpfs(tmp_path: Path) -> None:
     base = ["check", "--no-torch", "--format", "json", "--fail-on", "never", "--path", str(d)]
     out = in_private_mounts(setup, d, d, [[*base, "--expect-bytes", "16MiB"], [*base, "--expect-bytes", "4MiB"], base])
     over, under, no_expect = ({f["code"]: f for f in json.loads(r["stdout"])["findings"]} for r in out["runs"])
-    assert "TD607" in over and "8 MiB free of 8 MiB" in over["TD607"]["message"] and "16 MiB" in over["TD607"]["message"]
+    assert (
+        "TD607" in over and "8 MiB free of 8 MiB" in over["TD607"]["message"] and "16 MiB" in over["TD607"]["message"]
+    )
     assert "TD607" not in under and "TD608" not in under
     assert "TD608" in no_expect  # 8 MiB is below the 1 GiB floor when nothing was expected
     assert out["listing"] == []
@@ -308,15 +347,21 @@ def test_expect_bytes_on_a_private_tmpfs(tmp_path: Path) -> None:
 def test_tmpfs_short_of_inodes(tmp_path: Path) -> None:
     d = tmp_path / "inodes"
     d.mkdir()
-    setup = ('mount -t tmpfs -o size=4m,nr_inodes=64 tmpfs "$1" && '
-             'i=0; while [ $i -lt 60 ]; do : > "$1/f$i" || break; i=$((i+1)); done')
-    runs = [["check", "--no-torch", "--format", "json", "--fail-on", "never", "--path", str(d)],
-            ["facts", "--no-torch", "--path", str(d)]]
+    setup = (
+        'mount -t tmpfs -o size=4m,nr_inodes=64 tmpfs "$1" && '
+        'i=0; while [ $i -lt 60 ]; do : > "$1/f$i" || break; i=$((i+1)); done'
+    )
+    runs = [
+        ["check", "--no-torch", "--format", "json", "--fail-on", "never", "--path", str(d)],
+        ["facts", "--no-torch", "--path", str(d)],
+    ]
     out = in_private_mounts(setup, d, d, runs)
     fs = json.loads(out["runs"][1]["stdout"])["paths"]["entries"][0]["fs"]
     assert fs["inodes_total"] == 64 and 0 < fs["inodes_free"] < 64 * storage.INODES_LOW_FRACTION
     found = {f["code"]: f for f in json.loads(out["runs"][0]["stdout"])["findings"]}
-    assert found["TD609"]["severity"] == "warning" and f"of {fs['inodes_total']} inodes free" in found["TD609"]["message"]
+    assert (
+        found["TD609"]["severity"] == "warning" and f"of {fs['inodes_total']} inodes free" in found["TD609"]["message"]
+    )
     assert "TD606" not in found
     assert len(out["listing"]) == 60
 
@@ -326,8 +371,12 @@ def test_real_overlay_mount_is_recognised(tmp_path: Path) -> None:
         (tmp_path / sub).mkdir()
     setup = 'mount -t overlay overlay -o lowerdir="$1/lower",upperdir="$1/upper",workdir="$1/work" "$1/merged"'
     merged = tmp_path / "merged"
-    out = in_private_mounts(setup, tmp_path, merged,
-                            [["check", "--no-torch", "--format", "json", "--fail-on", "never", "--path", str(merged)]])
+    out = in_private_mounts(
+        setup,
+        tmp_path,
+        merged,
+        [["check", "--no-torch", "--format", "json", "--fail-on", "never", "--path", str(merged)]],
+    )
     found = {f["code"]: f for f in json.loads(out["runs"][0]["stdout"])["findings"]}
     assert "TD611" in found and "overlay at " + str(merged) in found["TD611"]["message"]
     assert out["listing"] == [] and os.listdir(tmp_path / "upper") == []
@@ -363,24 +412,38 @@ def test_recorded_hpc_node_lustre_lock_modes_and_fuse(tmp_path: Path) -> None:
     assert "TD612" in codes_of(findings(facts))
 
 
-@pytest.mark.parametrize("fstype, options, expected", [
-    ("nfs", ["rw", "vers=3", "nolock"], "local to this node"),
-    ("nfs4", ["rw", "local_lock=all"], "local to this node"),
-    ("nfs4", ["rw", "local_lock=flock"], "flock() locks, which filelock.FileLock uses, are local"),
-    ("nfs4", ["rw", "local_lock=none"], "go through the NFS server"),
-    ("lustre", ["rw", "noflock"], "ENOSYS"),
-    ("lustre", ["rw"], "do not show flock"),
-    ("cifs", ["rw"], "depends on this file system's client"),
-])
+@pytest.mark.parametrize(
+    "fstype, options, expected",
+    [
+        ("nfs", ["rw", "vers=3", "nolock"], "local to this node"),
+        ("nfs4", ["rw", "local_lock=all"], "local to this node"),
+        ("nfs4", ["rw", "local_lock=flock"], "flock() locks, which filelock.FileLock uses, are local"),
+        ("nfs4", ["rw", "local_lock=none"], "go through the NFS server"),
+        ("lustre", ["rw", "noflock"], "ENOSYS"),
+        ("lustre", ["rw"], "do not show flock"),
+        ("cifs", ["rw"], "depends on this file system's client"),
+    ],
+)
 def test_lock_note_reads_the_mount_options(fstype: str, options: list[str], expected: str) -> None:
     assert expected in storage_mounts.lock_note(fstype, options)
 
 
-@pytest.mark.parametrize("fstype, kind", [
-    ("ext4", "local"), ("xfs", "local"), ("fuseblk", "local"), ("nfs4", "network"), ("lustre", "network"),
-    ("beegfs", "network"), ("fuse.sshfs", "fuse"), ("fuse.fuse-overlayfs", "overlay"), ("overlay", "overlay"),
-    ("tmpfs", "memory"), (None, None),
-])
+@pytest.mark.parametrize(
+    "fstype, kind",
+    [
+        ("ext4", "local"),
+        ("xfs", "local"),
+        ("fuseblk", "local"),
+        ("nfs4", "network"),
+        ("lustre", "network"),
+        ("beegfs", "network"),
+        ("fuse.sshfs", "fuse"),
+        ("fuse.fuse-overlayfs", "overlay"),
+        ("overlay", "overlay"),
+        ("tmpfs", "memory"),
+        (None, None),
+    ],
+)
 def test_fs_kind(fstype: str | None, kind: str | None) -> None:
     assert paths_facts.fs_kind(fstype) == kind
 
@@ -424,19 +487,33 @@ def test_low_space_floor_only_without_an_expectation() -> None:
     assert "TD608" not in codes_of(findings(low, expect_bytes=100 * MiB))
 
 
-@pytest.mark.parametrize("free, total, expected", [
-    (0, 1_000_000, "error"), (1_000, 1_000_000, "warning"), (40_000, 10_000_000, "warning"),
-    (60_000, 1_000_000, None), (40_000, 100_000, None), (None, None, None),
-])
+@pytest.mark.parametrize(
+    "free, total, expected",
+    [
+        (0, 1_000_000, "error"),
+        (1_000, 1_000_000, "warning"),
+        (40_000, 10_000_000, "warning"),
+        (60_000, 1_000_000, None),
+        (40_000, 100_000, None),
+        (None, None, None),
+    ],
+)
 def test_inodes(free: int | None, total: int | None, expected: str | None) -> None:
     found = [f for f in findings(snapshot(dir_entry(inodes_free=free, inodes_total=total))) if f.code == "TD609"]
     assert [f.severity.label for f in found] == ([expected] if expected else [])
 
 
-@pytest.mark.parametrize("errno_name, code, absent", [
-    ("EACCES", "TD604", "TD605"), ("EPERM", "TD604", "TD605"), ("ESTALE", "TD604", "TD606"),
-    ("EROFS", "TD605", "TD604"), ("ENOSPC", "TD606", "TD604"), ("EDQUOT", "TD606", "TD604"),
-])
+@pytest.mark.parametrize(
+    "errno_name, code, absent",
+    [
+        ("EACCES", "TD604", "TD605"),
+        ("EPERM", "TD604", "TD605"),
+        ("ESTALE", "TD604", "TD606"),
+        ("EROFS", "TD605", "TD604"),
+        ("ENOSPC", "TD606", "TD604"),
+        ("EDQUOT", "TD606", "TD604"),
+    ],
+)
 def test_each_errno_goes_to_one_code(errno_name: str, code: str, absent: str) -> None:
     found = findings(snapshot(dir_entry(writable=False, write_test=failed(errno_name))))
     assert code in codes_of(found) and absent not in codes_of(found)
@@ -470,14 +547,41 @@ _maybe = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.text(ma
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["path", "abspath", "exists", "is_dir", "writable", "creatable", "timed_out",
-                                        "nearest_existing", "fs_kind", "mount_read_only", "stat_error",
-                                        "owner", "mount", "missing_levels"]), _maybe),
-       st.one_of(st.none(), st.fixed_dictionaries({"ok": st.booleans(), "errno": _maybe, "where": _maybe})),
-       st.one_of(st.none(), st.fixed_dictionaries({"free_bytes": st.one_of(st.none(), st.integers(0, 10**13)),
-                                                   "inodes_free": st.one_of(st.none(), st.integers(0, 10**7)),
-                                                   "inodes_total": st.one_of(st.none(), st.integers(0, 10**7)),
-                                                   "fsid": _maybe})))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "path",
+                "abspath",
+                "exists",
+                "is_dir",
+                "writable",
+                "creatable",
+                "timed_out",
+                "nearest_existing",
+                "fs_kind",
+                "mount_read_only",
+                "stat_error",
+                "owner",
+                "mount",
+                "missing_levels",
+            ]
+        ),
+        _maybe,
+    ),
+    st.one_of(st.none(), st.fixed_dictionaries({"ok": st.booleans(), "errno": _maybe, "where": _maybe})),
+    st.one_of(
+        st.none(),
+        st.fixed_dictionaries(
+            {
+                "free_bytes": st.one_of(st.none(), st.integers(0, 10**13)),
+                "inodes_free": st.one_of(st.none(), st.integers(0, 10**7)),
+                "inodes_total": st.one_of(st.none(), st.integers(0, 10**7)),
+                "fsid": _maybe,
+            }
+        ),
+    ),
+)
 def test_checks_never_crash_on_partial_entries(e: dict[str, Any], wt: Any, fs: Any) -> None:
     found = findings(snapshot({**e, "write_test": wt, "fs": fs}), expect_bytes=GiB)
     assert not [f for f in found if f.check_error]

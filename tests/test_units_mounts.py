@@ -39,8 +39,10 @@ def test_parse_mountinfo_never_raises(text: str) -> None:
     assert all(m.mount_point and m.fstype for m in mounts)
 
 
-@pytest.mark.parametrize("text, value", [("4096", 4096), ("64MiB", 64 * 2**20), ("2G", 2 * 2**30),
-                                         ("1.5GB", 1_500_000_000), ("512 kib", 512 * 1024)])
+@pytest.mark.parametrize(
+    "text, value",
+    [("4096", 4096), ("64MiB", 64 * 2**20), ("2G", 2 * 2**30), ("1.5GB", 1_500_000_000), ("512 kib", 512 * 1024)],
+)
 def test_parse_bytes(text: str, value: int) -> None:
     assert parse_bytes(text) == value
 
@@ -66,8 +68,10 @@ def test_redaction_and_anonymisation() -> None:
 
 
 def test_gpu_uuids_in_device_lists_are_anonymised() -> None:
-    env = {"CUDA_VISIBLE_DEVICES": "GPU-8a3c2f1e-1234-5678-9abc-def012345678,MIG-4f1a2b3c-aaaa-bbbb-cccc-111122223333",
-           "OTHER": "GPU-8a3c2f1e-1234-5678-9abc-def012345678"}
+    env = {
+        "CUDA_VISIBLE_DEVICES": "GPU-8a3c2f1e-1234-5678-9abc-def012345678,MIG-4f1a2b3c-aaaa-bbbb-cccc-111122223333",
+        "OTHER": "GPU-8a3c2f1e-1234-5678-9abc-def012345678",
+    }
     red = redact_env(env)
     assert "8a3c2f1e" not in red["CUDA_VISIBLE_DEVICES"] and "4f1a2b3c" not in red["CUDA_VISIBLE_DEVICES"]
     assert red["CUDA_VISIBLE_DEVICES"].startswith("GPU-anon-") and ",MIG-anon-" in red["CUDA_VISIBLE_DEVICES"]

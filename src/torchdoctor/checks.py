@@ -72,8 +72,13 @@ class Passed:
     codes: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"area": self.area, "subject": self.subject, "value": self.value, "detail": self.detail,
-                "codes": list(self.codes)}
+        return {
+            "area": self.area,
+            "subject": self.subject,
+            "value": self.value,
+            "detail": self.detail,
+            "codes": list(self.codes),
+        }
 
 
 @dataclass
@@ -107,8 +112,10 @@ def _run_desc(facts: Facts, opts: CheckOptions) -> str:
     from .catalogue.ipc import _run as ipc_run
 
     run = ipc_run(facts, opts)
-    return (f"judged for the {run.method or '?'} start method ({run.method_source}) and the {run.strategy or '?'} "
-            f"sharing strategy ({run.strategy_source})")
+    return (
+        f"judged for the {run.method or '?'} start method ({run.method_source}) and the {run.strategy or '?'} "
+        f"sharing strategy ({run.strategy_source})"
+    )
 
 
 def _shm(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -119,12 +126,16 @@ def _shm(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     n = _n(facts, opts)
     if opts.num_workers:
         need = opts.shm_need_bytes() * n
-        judged = (f"{n} process(es) × {opts.num_workers} workers × prefetch {opts.prefetch_factor} × "
-                  f"{human_bytes(opts.batch_bytes)} batches = {human_bytes(need)} in flight fit")
+        judged = (
+            f"{n} process(es) × {opts.num_workers} workers × prefetch {opts.prefetch_factor} × "
+            f"{human_bytes(opts.batch_bytes)} batches = {human_bytes(need)} in flight fit"
+        )
     else:
         judged = "no DataLoader workers hand batches over through it"
-    return (f"{human_bytes(free)} free of {human_bytes(size)}",
-            f"{shm.fstype or 'file system type unknown'} at /dev/shm; {judged}")
+    return (
+        f"{human_bytes(free)} free of {human_bytes(size)}",
+        f"{shm.fstype or 'file system type unknown'} at /dev/shm; {judged}",
+    )
 
 
 def _segments(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -132,8 +143,11 @@ def _segments(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     if not seg:
         return None
     count = seg.count or 0
-    detail = (f"{count} torch_* segment(s) ({human_bytes(seg.bytes)}), all of running processes" if count
-              else "no torch_* segments in /dev/shm")
+    detail = (
+        f"{count} torch_* segment(s) ({human_bytes(seg.bytes)}), all of running processes"
+        if count
+        else "no torch_* segments in /dev/shm"
+    )
     return "none", detail
 
 
@@ -141,8 +155,7 @@ def _map_count(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     limit = facts.limits.sysctl.vm.max_map_count
     if limit is None:
         return None
-    return (f"{limit:,}",
-            f"memory mappings per process; {_run_desc(facts, opts)}")
+    return (f"{limit:,}", f"memory mappings per process; {_run_desc(facts, opts)}")
 
 
 def _nofile(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -162,8 +175,11 @@ def _start_method(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     run = ipc_run(facts, opts)
     if not run.method:
         return None
-    how = ("the dataset is pickled to every worker" if run.pickles_dataset
-           else "workers inherit the dataset; only batches are shared")
+    how = (
+        "the dataset is pickled to every worker"
+        if run.pickles_dataset
+        else "workers inherit the dataset; only batches are shared"
+    )
     return run.method, f"{run.method_source}: {how}"
 
 
@@ -180,8 +196,9 @@ def _memory(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     budget, where = _memory_budget(facts)
     need = opts.shm_need_bytes() * _n(facts, opts)
     kills = cg.oom_kill_events
-    detail = (f"in-flight batches ({human_bytes(need)}) fit in {human_bytes(budget)} left ({where}); "
-              + ("no OOM kill recorded in this cgroup" if kills == 0 else "this cgroup's OOM kill count is not readable"))
+    detail = f"in-flight batches ({human_bytes(need)}) fit in {human_bytes(budget)} left ({where}); " + (
+        "no OOM kill recorded in this cgroup" if kills == 0 else "this cgroup's OOM kill count is not readable"
+    )
     return value, detail
 
 
@@ -192,8 +209,10 @@ def _rlimit_as(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
             return None
         limited = limited or not lim.soft_unlimited
         parts.append(f"{name} " + ("unlimited" if lim.soft_unlimited else human_bytes(lim.soft)))
-    return (", ".join(parts) if limited else "unlimited",
-            ", ".join(parts) + ": torch's CPU libraries and every DataLoader worker map their memory within it")
+    return (
+        ", ".join(parts) if limited else "unlimited",
+        ", ".join(parts) + ": torch's CPU libraries and every DataLoader worker map their memory within it",
+    )
 
 
 def _tasks(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -207,8 +226,10 @@ def _tasks(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     if nproc_lim:
         rl = "unlimited" if nproc_lim.soft_unlimited else nproc_lim.soft
     _, _, arithmetic = tasks_needed(facts, opts)
-    return (f"{'no pids limit' if pids is None else f'pids limit {pids}'}, RLIMIT_NPROC {rl if rl is not None else '?'}",
-            f"the run starts at least {arithmetic}")
+    return (
+        f"{'no pids limit' if pids is None else f'pids limit {pids}'}, RLIMIT_NPROC {rl if rl is not None else '?'}",
+        f"the run starts at least {arithmetic}",
+    )
 
 
 def _overcommit(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -216,8 +237,9 @@ def _overcommit(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     if mode is None:
         return None
     meaning = {0: "heuristic (the default)", 1: "always", 2: "strict"}.get(mode, str(mode))
-    return f"{meaning.split(' (')[0]} ({mode})", (f"vm.overcommit_memory={mode}, {meaning}: forking workers from a "
-                                                  "large process is not refused")
+    return f"{meaning.split(' (')[0]} ({mode})", (
+        f"vm.overcommit_memory={mode}, {meaning}: forking workers from a large process is not refused"
+    )
 
 
 def _cpus(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -243,7 +265,8 @@ def _thread_env(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     value = " ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else "none set"
     cv2 = facts.cpu.cv2.threads
     detail = "OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS and friends" + (
-        f"; OpenCV {cv2} thread(s) per process" if cv2 is not None else "")
+        f"; OpenCV {cv2} thread(s) per process" if cv2 is not None else ""
+    )
     return value, detail
 
 
@@ -253,8 +276,10 @@ def _workers(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
         return None  # not judged: --num-workers was not given (see CheckOptions.assumed)
     n = _n(facts, opts)
     workers = n * opts.num_workers
-    return (f"{workers} on {usable:g} usable CPUs",
-            f"{n} process(es) × {opts.num_workers} workers (--num-workers, --nproc-per-node)")
+    return (
+        f"{workers} on {usable:g} usable CPUs",
+        f"{n} process(es) × {opts.num_workers} workers (--num-workers, --nproc-per-node)",
+    )
 
 
 def _torch(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -264,8 +289,10 @@ def _torch(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
     build = f"CUDA {torch.cuda} build" if torch.cuda else (f"ROCm {torch.hip} build" if torch.hip else "CPU build")
     backends = torch.backends
     have = [b for b, ok in (("gloo", backends.gloo), ("mpi", backends.mpi), ("nccl", backends.nccl)) if ok]
-    return (f"{torch.version} ({build})",
-            f"{torch.location or 'location unknown'}; distributed backends: {', '.join(have) or 'none'}")
+    return (
+        f"{torch.version} ({build})",
+        f"{torch.location or 'location unknown'}; distributed backends: {', '.join(have) or 'none'}",
+    )
 
 
 def _gpus(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
@@ -278,8 +305,10 @@ def _gpus(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
         names[str(d.name or "GPU")] = names.get(str(d.name or "GPU"), 0) + 1
     models = ", ".join(f"{k} × {v}" if v > 1 else k for k, v in names.items()) or "?"
     visible = gpu.visible.count
-    detail = (f"driver {gpu.driver_version or '?'} (CUDA {gpu.cuda_driver_version or '?'}), "
-              f"{visible if visible is not None else '?'} visible to the run; free, idle, compute mode and ECC judged")
+    detail = (
+        f"driver {gpu.driver_version or '?'} (CUDA {gpu.cuda_driver_version or '?'}), "
+        f"{visible if visible is not None else '?'} visible to the run; free, idle, compute mode and ECC judged"
+    )
     return f"{len(devices)}: {models}", detail
 
 
@@ -288,8 +317,10 @@ def _dist(facts: Facts, opts: CheckOptions) -> tuple[str, str] | None:
         return None
     env = facts.dist.env
     shown = [f"{k}={env[k]}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k in env]
-    return (" ".join(shown) or "variables from the launcher",
-            "ranks, launcher mapping, MASTER_ADDR and MASTER_PORT judged")
+    return (
+        " ".join(shown) or "variables from the launcher",
+        "ranks, launcher mapping, MASTER_ADDR and MASTER_PORT judged",
+    )
 
 
 #: Subjects in report order; together they cover every preflight code but the ``torchdoctor loader`` ones.
@@ -307,15 +338,49 @@ SUBJECTS: tuple[_Subject, ...] = (
     _Subject("cpu", "thread variables", ("TD252", "TD253", "TD254"), _thread_env),
     _Subject("loader", "DataLoader workers", ("TD570",), _workers),
     _Subject("gpu", "torch", ("TD302", "TD311"), _torch),
-    _Subject("gpu", "GPUs", ("TD301", "TD303", "TD304", "TD305", "TD306", "TD307", "TD308", "TD309", "TD310",
-                             "TD312", "TD313"), _gpus),
-    _Subject("distributed", "distributed environment",
-             ("TD401", "TD402", "TD403", "TD404", "TD405", "TD406", "TD407", "TD408", "TD409", "TD410", "TD411",
-              "TD412", "TD413"), _dist),
+    _Subject(
+        "gpu",
+        "GPUs",
+        ("TD301", "TD303", "TD304", "TD305", "TD306", "TD307", "TD308", "TD309", "TD310", "TD312", "TD313"),
+        _gpus,
+    ),
+    _Subject(
+        "distributed",
+        "distributed environment",
+        (
+            "TD401",
+            "TD402",
+            "TD403",
+            "TD404",
+            "TD405",
+            "TD406",
+            "TD407",
+            "TD408",
+            "TD409",
+            "TD410",
+            "TD411",
+            "TD412",
+            "TD413",
+        ),
+        _dist,
+    ),
 )
 #: Codes judged per ``--path`` entry (their hits name the path in ``path`` or ``paths``).
-PATH_CODES = ("TD601", "TD602", "TD603", "TD604", "TD605", "TD606", "TD607", "TD608", "TD609", "TD610", "TD611",
-              "TD612", "TD613")
+PATH_CODES = (
+    "TD601",
+    "TD602",
+    "TD603",
+    "TD604",
+    "TD605",
+    "TD606",
+    "TD607",
+    "TD608",
+    "TD609",
+    "TD610",
+    "TD611",
+    "TD612",
+    "TD613",
+)
 
 
 def _names(values: Mapping[str, Any]) -> set[str]:
@@ -342,10 +407,14 @@ def _path_passed(facts: Facts, fired: Mapping[str, list[Mapping[str, Any]]]) -> 
         fs, m = e.fs, e.mount
         free = fs.free_bytes
         value = "writable" + (f", {human_bytes(free)} free" if free is not None else "")
-        space = f"{human_bytes(free)} free of {human_bytes(fs.total_bytes)}" if free is not None else "free space unknown"
+        space = (
+            f"{human_bytes(free)} free of {human_bytes(fs.total_bytes)}" if free is not None else "free space unknown"
+        )
         inodes = f"{fs.inodes_free:,} inodes free" if fs.inodes_free is not None else "inodes not counted"
-        detail = (f"a directory; created, wrote, synced and removed a file in it; {space}, {inodes}; "
-                  f"{m.fstype or e.fstype or '?'} ({e.fs_kind or '?'}) at {m.mount_point or '?'}")
+        detail = (
+            f"a directory; created, wrote, synced and removed a file in it; {space}, {inodes}; "
+            f"{m.fstype or e.fstype or '?'} ({e.fs_kind or '?'}) at {m.mount_point or '?'}"
+        )
         yield Passed("storage", name, value, detail, PATH_CODES)
 
 

@@ -83,25 +83,89 @@ def cli() -> None:
 @cli.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--format", "fmt", type=FORMAT, default="text", show_default=True, help="Output format.")
 @click.option(
-    "--fail-on", type=FAIL_ON, default="error", show_default=True,
+    "--fail-on",
+    type=FAIL_ON,
+    default="error",
+    show_default=True,
     help="Exit 1 when a finding is at or above this severity ('never': always exit 0).",
 )
-@click.option("--facts", "facts_file", type=click.Path(dir_okay=True), help="Judge a recorded facts snapshot (from `torchdoctor facts`) instead of this host.")
-@click.option("--num-workers", type=click.IntRange(min=0), default=DEFAULT_NUM_WORKERS, show_default=True, help="DataLoader workers per training process.")
-@click.option("--batch-bytes", type=SIZE, default=str(DEFAULT_BATCH_BYTES), show_default=human_bytes(DEFAULT_BATCH_BYTES), help="Bytes of one batch as workers hand it over (e.g. 48MiB).")
-@click.option("--prefetch-factor", type=click.IntRange(min=1), default=DEFAULT_PREFETCH_FACTOR, show_default=True, help="Batches each worker keeps in flight.")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, help="Training processes on this machine (default: LOCAL_WORLD_SIZE, else 1).")
-@click.option("--path", "paths", multiple=True, type=click.Path(), help="A checkpoint, log or data directory to test (repeatable).")
-@click.option("--expect-bytes", type=SIZE, default=None, help="Bytes the run will write under each --path (checkpoints, logs).")
-@click.option("--dist", is_flag=True, help="Check the distributed environment even if no RANK/WORLD_SIZE variable is set.")
-@click.option("--start-method", type=click.Choice(["fork", "spawn", "forkserver"]), default=None, help="Start method of the process that will iterate the DataLoader (default: Python's).")
-@click.option("--sharing-strategy", type=click.Choice(["file_descriptor", "file_system"]), default=None, help="torch.multiprocessing sharing strategy the run sets (default: torch's).")
+@click.option(
+    "--facts",
+    "facts_file",
+    type=click.Path(dir_okay=True),
+    help="Judge a recorded facts snapshot (from `torchdoctor facts`) instead of this host.",
+)
+@click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=DEFAULT_NUM_WORKERS,
+    show_default=True,
+    help="DataLoader workers per training process.",
+)
+@click.option(
+    "--batch-bytes",
+    type=SIZE,
+    default=str(DEFAULT_BATCH_BYTES),
+    show_default=human_bytes(DEFAULT_BATCH_BYTES),
+    help="Bytes of one batch as workers hand it over (e.g. 48MiB).",
+)
+@click.option(
+    "--prefetch-factor",
+    type=click.IntRange(min=1),
+    default=DEFAULT_PREFETCH_FACTOR,
+    show_default=True,
+    help="Batches each worker keeps in flight.",
+)
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Training processes on this machine (default: LOCAL_WORLD_SIZE, else 1).",
+)
+@click.option(
+    "--path",
+    "paths",
+    multiple=True,
+    type=click.Path(),
+    help="A checkpoint, log or data directory to test (repeatable).",
+)
+@click.option(
+    "--expect-bytes", type=SIZE, default=None, help="Bytes the run will write under each --path (checkpoints, logs)."
+)
+@click.option(
+    "--dist", is_flag=True, help="Check the distributed environment even if no RANK/WORLD_SIZE variable is set."
+)
+@click.option(
+    "--start-method",
+    type=click.Choice(["fork", "spawn", "forkserver"]),
+    default=None,
+    help="Start method of the process that will iterate the DataLoader (default: Python's).",
+)
+@click.option(
+    "--sharing-strategy",
+    type=click.Choice(["file_descriptor", "file_system"]),
+    default=None,
+    help="torch.multiprocessing sharing strategy the run sets (default: torch's).",
+)
 @click.option("--no-torch", is_flag=True, help="Skip facts about the installed torch (fastest).")
-@click.option("-v", "--verbose", is_flag=True, help="Show what was checked and found fine one line each, with how it was judged.")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Show what was checked and found fine one line each, with how it was judged."
+)
 def check(
-    fmt: str, fail_on: str, facts_file: str | None, num_workers: int, batch_bytes: int,
-    prefetch_factor: int, nproc_per_node: int | None, paths: tuple[str, ...], expect_bytes: int | None,
-    dist: bool, start_method: str | None, sharing_strategy: str | None, no_torch: bool, verbose: bool,
+    fmt: str,
+    fail_on: str,
+    facts_file: str | None,
+    num_workers: int,
+    batch_bytes: int,
+    prefetch_factor: int,
+    nproc_per_node: int | None,
+    paths: tuple[str, ...],
+    expect_bytes: int | None,
+    dist: bool,
+    start_method: str | None,
+    sharing_strategy: str | None,
+    no_torch: bool,
+    verbose: bool,
 ) -> None:
     """Audit this machine (or a recorded one) before training.
 
@@ -123,28 +187,49 @@ def check(
 
     if facts_file:
         if paths:
-            raise UsageError("--path needs the live host; record the snapshot with `torchdoctor facts --path DIR` instead")
+            raise UsageError(
+                "--path needs the live host; record the snapshot with `torchdoctor facts --path DIR` instead"
+            )
         facts = Facts.load(facts_file)
         source = f"recorded facts {facts_file}"
     else:
         facts = gather(GatherContext(paths=tuple(paths), dist=dist, torch=not no_torch))
         source = "this host"
     options = CheckOptions(
-        num_workers=num_workers, batch_bytes=batch_bytes, prefetch_factor=prefetch_factor,
-        expect_bytes=expect_bytes, dist=dist, start_method=start_method,
-        sharing_strategy=sharing_strategy, nproc_per_node=nproc_per_node,
-        assumed=frozenset(name for name in ("num_workers",)
-                          if click.get_current_context().get_parameter_source(name) is click.core.ParameterSource.DEFAULT),
+        num_workers=num_workers,
+        batch_bytes=batch_bytes,
+        prefetch_factor=prefetch_factor,
+        expect_bytes=expect_bytes,
+        dist=dist,
+        start_method=start_method,
+        sharing_strategy=sharing_strategy,
+        nproc_per_node=nproc_per_node,
+        assumed=frozenset(
+            name
+            for name in ("num_workers",)
+            if click.get_current_context().get_parameter_source(name) is click.core.ParameterSource.DEFAULT
+        ),
     )
     result = audit(facts, options)
-    finish(lambda: render_findings(result.findings, fmt, "check", sys.stdout,
-                                   {"source": source, "machine": result.machine}, passed=result.passed, verbose=verbose),
-           int(exit_code_for(result.findings, fail_on)))
+    finish(
+        lambda: render_findings(
+            result.findings,
+            fmt,
+            "check",
+            sys.stdout,
+            {"source": source, "machine": result.machine},
+            passed=result.passed,
+            verbose=verbose,
+        ),
+        int(exit_code_for(result.findings, fail_on)),
+    )
 
 
 @cli.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True)
-@click.option("--path", "paths", multiple=True, type=click.Path(), help="Also record facts about this directory (repeatable).")
+@click.option(
+    "--path", "paths", multiple=True, type=click.Path(), help="Also record facts about this directory (repeatable)."
+)
 @click.option("--dist", is_flag=True, help="Also probe MASTER_ADDR/MASTER_PORT.")
 @click.option("--no-torch", is_flag=True, help="Skip facts about the installed torch.")
 @click.option("--show-uuids", is_flag=True, help="Keep GPU UUIDs and serials as they are (anonymised by default).")
@@ -304,4 +389,3 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(int(ExitCode.USAGE))
     sys.exit(int(ExitCode.OK))
-

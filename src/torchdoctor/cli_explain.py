@@ -18,9 +18,12 @@ from .errors import UsageError
 @cli.command(context_settings=CONTEXT_SETTINGS)
 @click.argument("inputs", nargs=-1, metavar="[LOG|DIR|-]...")
 @click.option("--format", "fmt", type=FORMAT, default="text", show_default=True, help="Output format.")
-@click.option("--no-redact", is_flag=True,
-              help="Quote the log lines as they are: do not replace secrets (URL credentials, tokens, "
-                   "password=/token=/key= values, Bearer headers) with <redacted>.")
+@click.option(
+    "--no-redact",
+    is_flag=True,
+    help="Quote the log lines as they are: do not replace secrets (URL credentials, tokens, "
+    "password=/token=/key= values, Bearer headers) with <redacted>.",
+)
 def explain(inputs: tuple[str, ...], fmt: str, no_redact: bool) -> None:
     """Name the root cause of a failed run from its logs, across ranks.
 

@@ -42,6 +42,7 @@ def lab() -> None:
 
 # -- list -----------------------------------------------------------------------------------------
 
+
 @lab.command("list", context_settings=CONTEXT_SETTINGS)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def list_(fmt: str) -> None:
@@ -50,8 +51,17 @@ def list_(fmt: str) -> None:
     from .lab.runner import missing_needs
 
     rows: list[dict[str, Any]] = [
-        {"name": s.name, "family": s.family, "code": s.code, "needs": list(s.needs), "seconds": s.seconds,
-         "memory_mb": s.memory_mb, "slow": s.slow, "summary": s.summary, "skipped_reason": missing_needs(s)}
+        {
+            "name": s.name,
+            "family": s.family,
+            "code": s.code,
+            "needs": list(s.needs),
+            "seconds": s.seconds,
+            "memory_mb": s.memory_mb,
+            "slow": s.slow,
+            "summary": s.summary,
+            "skipped_reason": missing_needs(s),
+        }
         for s in all_scenarios()
     ]
     if fmt == "json":
@@ -60,14 +70,17 @@ def list_(fmt: str) -> None:
     width = max((len(r["name"]) for r in rows), default=4)
     for r in rows:
         tags = ", ".join(r["needs"]) + (", slow" if r["slow"] else "")
-        click.echo(f"{r['name']:<{width}}  {r['code']}  {r['family']:<16} ~{r['seconds']:>4.0f} s  "
-                   f"≤{r['memory_mb']} MB  [{tags}]")
+        click.echo(
+            f"{r['name']:<{width}}  {r['code']}  {r['family']:<16} ~{r['seconds']:>4.0f} s  "
+            f"≤{r['memory_mb']} MB  [{tags}]"
+        )
         click.echo(f"{'':<{width}}  {r['summary']}")
         if r["skipped_reason"]:
             click.echo(f"{'':<{width}}  skipped here: {r['skipped_reason']}")
 
 
 # -- run ------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Outcome:
@@ -99,9 +112,23 @@ class Outcome:
         return not self.explain_wanted or self.explained_code == self.expected_code
 
     def to_dict(self) -> dict[str, Any]:
-        keys = ("scenario", "expected_family", "expected_code", "reproduced", "exit_code", "seconds",
-                "explained_family", "explained_code", "fixed_passed", "output_tail", "skipped_reason", "timed_out",
-                "fixed_seconds", "fixed_output_tail", "notes")
+        keys = (
+            "scenario",
+            "expected_family",
+            "expected_code",
+            "reproduced",
+            "exit_code",
+            "seconds",
+            "explained_family",
+            "explained_code",
+            "fixed_passed",
+            "output_tail",
+            "skipped_reason",
+            "timed_out",
+            "fixed_seconds",
+            "fixed_output_tail",
+            "notes",
+        )
         return {k: getattr(self, k) for k in keys}
 
 
@@ -201,7 +228,12 @@ def _echo_outcome(out: Outcome, fix: str, summary: str) -> None:
 @click.option("--fixed", is_flag=True, help="Then run it again with the recommended fix applied; it must pass.")
 @click.option("--explain", "do_explain", is_flag=True, help="Pipe the captured output through `explain`.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds before the child is killed (default: the scenario's).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="Seconds before the child is killed (default: the scenario's).",
+)
 def run_cmd(name: str, fixed: bool, do_explain: bool, fmt: str, timeout: float | None) -> None:
     """Run scenario NAME in an isolated child and show what really happened.
 
@@ -224,6 +256,7 @@ def run_cmd(name: str, fixed: bool, do_explain: bool, fmt: str, timeout: float |
 
 
 # -- record ---------------------------------------------------------------------------------------
+
 
 def _torch_version() -> str:
     from importlib import metadata
@@ -250,12 +283,18 @@ def fixture_header(name: str, exit_code: int | None, expect_top: str | None = No
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.argument("names", nargs=-1)
 @click.option("--force", is_flag=True, help="Overwrite fixtures that already exist.")
-@click.option("--as", "as_code", default=None, metavar="TDnnn",
-              help="File the output under this code (e.g. a cascade it contains), with `# expect-top:` the scenario's code.")
+@click.option(
+    "--as",
+    "as_code",
+    default=None,
+    metavar="TDnnn",
+    help="File the output under this code (e.g. a cascade it contains), with `# expect-top:` the scenario's code.",
+)
 @click.option("--include-slow", is_flag=True, help="Without NAMEs, also record the slow scenarios.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds before a child is killed.")
-def record_cmd(directory: str, names: tuple[str, ...], force: bool, as_code: str | None, include_slow: bool,
-               timeout: float | None) -> None:
+def record_cmd(
+    directory: str, names: tuple[str, ...], force: bool, as_code: str | None, include_slow: bool, timeout: float | None
+) -> None:
     """Record each scenario's real output as DIRECTORY/<CODE>/lab-<NAME>.log (explain's fixtures).
 
     Without NAMEs every scenario that is not slow is recorded. An existing file is kept unless
@@ -288,8 +327,15 @@ def record_cmd(directory: str, names: tuple[str, ...], force: bool, as_code: str
             continue
         if not rec.failed or rec.timed_out or rec.memory_killed or not shows_code(s.code, rec.text()):
             failures += 1
-            why = ("timed out" if rec.timed_out else "was killed over its memory bound" if rec.memory_killed
-                   else "exited 0" if not rec.failed else f"failed without the text {s.code} recognises")
+            why = (
+                "timed out"
+                if rec.timed_out
+                else "was killed over its memory bound"
+                if rec.memory_killed
+                else "exited 0"
+                if not rec.failed
+                else f"failed without the text {s.code} recognises"
+            )
             click.echo(f"{s.name}: the failure did not happen (the child {why}); nothing written")
             continue
         target.parent.mkdir(parents=True, exist_ok=True)

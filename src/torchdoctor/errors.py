@@ -32,9 +32,7 @@ class UnknownCodeError(UsageError):
         self.suggestions = suggestions
         if hint is None:
             hint = (
-                f"; did you mean {', '.join(suggestions)}?"
-                if suggestions
-                else "; run `torchdoctor codes` for the list"
+                f"; did you mean {', '.join(suggestions)}?" if suggestions else "; run `torchdoctor codes` for the list"
             )
         super().__init__(f"unknown {what} {key!r}{hint}")
 

@@ -38,11 +38,15 @@ class CheckOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"CheckOptions.{name} must be an integer >= {low}; got {value!r}")
         if self.nproc_per_node is not None and (not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1):
-            raise ValueError(f"CheckOptions.nproc_per_node must be an integer >= 1 or None; got {self.nproc_per_node!r}")
+            raise ValueError(
+                f"CheckOptions.nproc_per_node must be an integer >= 1 or None; got {self.nproc_per_node!r}"
+            )
         if self.expect_bytes is not None and (not isinstance(self.expect_bytes, int) or self.expect_bytes < 0):
             raise ValueError(f"CheckOptions.expect_bytes must be an integer >= 0 or None; got {self.expect_bytes!r}")
         if self.start_method not in (None, "fork", "spawn", "forkserver"):
-            raise ValueError(f"CheckOptions.start_method must be fork, spawn, forkserver or None; got {self.start_method!r}")
+            raise ValueError(
+                f"CheckOptions.start_method must be fork, spawn, forkserver or None; got {self.start_method!r}"
+            )
 
     def shm_need_bytes(self) -> int:
         """Bytes of /dev/shm that in-flight batches occupy: workers x prefetch x batch."""

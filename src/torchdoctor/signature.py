@@ -62,8 +62,10 @@ FRAME_TAIL = 4
 (the frame line it belongs to, and the calling frame's two lines)."""
 
 
-PLACEHOLDER = (r"(?:\.{3,}|…|[Xx]{2,}|\*{2,}|#{2,}|\?+|<[^<>\n]{1,40}>|\[[^\[\]\n]{1,40}\]|"
-               r"_{2,}|(?<![A-Za-z])N(?![a-z]{3}))")
+PLACEHOLDER = (
+    r"(?:\.{3,}|…|[Xx]{2,}|\*{2,}|#{2,}|\?+|<[^<>\n]{1,40}>|\[[^\[\]\n]{1,40}\]|"
+    r"_{2,}|(?<![A-Za-z])N(?![a-z]{3}))"
+)
 """What people type where a value was: ``...``, ``…``, ``XXX``, ``***``, ``<ip>``, ``[redacted]``, ``N``. Not
 ``{name}``: that is a format string in source code, the template of the message, not the message."""
 _CUT_MARKS = re.compile(r"(?:\s*(?:\.{3,}|…|\[(?:truncated|cut)\]))+\s*$")
@@ -205,7 +207,8 @@ class Signature:
             m = self.tolerant_regex.search(text, partial=True, timeout=0.05)
         except TimeoutError:
             return None
-        if m is None or not m.partial or len(m.group(0)) < MIN_CUT_MATCH:
+        # a full match counts too: the cut fell where the pattern may end (`...c:3...` once `...` is gone)
+        if m is None or len(m.group(0)) < MIN_CUT_MATCH:
             return None
         if not self._holds_trigger(m.group(0)):
             return None

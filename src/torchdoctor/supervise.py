@@ -67,11 +67,17 @@ def child_env(extra: Mapping[str, str] | None = None, with_cwd: bool = False) ->
     return env
 
 
-def start(argv: Sequence[str], env: Mapping[str, str], stdout: IO[Any] | int | None,
-          stderr: IO[Any] | int | None) -> subprocess.Popen[bytes]:
+def start(
+    argv: Sequence[str], env: Mapping[str, str], stdout: IO[Any] | int | None, stderr: IO[Any] | int | None
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a session of its own, stdin closed."""
     return subprocess.Popen(  # noqa: S603 - an argv list, never a shell
-        list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True, env=dict(env),
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+        env=dict(env),
     )
 
 
@@ -234,8 +240,9 @@ class _Descendants:
         return out
 
 
-def supervise(proc: Child, limits: Limits, poll: Callable[[], None] | None = None,
-              started: float | None = None) -> Result:
+def supervise(
+    proc: Child, limits: Limits, poll: Callable[[], None] | None = None, started: float | None = None
+) -> Result:
     """Watch ``proc`` (started in its own session) to its end, its deadline or its memory cap;
     then reap its session and escaped descendants. ``poll`` runs on every turn (read the child's
     output or events). Ctrl-C or :class:`Stopped` while watching kill the session and propagate."""

@@ -25,15 +25,25 @@ from torchdoctor.lab.runner import RunRecord, run
 from . import LOGS, fixture_text
 
 __all__ = [
-    "LOGS", "LabRuns", "assert_explained", "assert_failure", "assert_fixed", "assert_recorded", "check_json",
-    "closed_loop", "evidence_budget", "fixture_text", "scenario_names", "signature_values", "slow_requested",
+    "LOGS",
+    "LabRuns",
+    "assert_explained",
+    "assert_failure",
+    "assert_fixed",
+    "assert_recorded",
+    "check_json",
+    "closed_loop",
+    "evidence_budget",
+    "fixture_text",
+    "scenario_names",
+    "signature_values",
+    "slow_requested",
 ]
 
 
 def scenario_names(*modules: str, slow: bool = False) -> list[str]:
     """Scenarios declared in ``torchdoctor.lab.scenarios.<module>``; slow ones only when asked."""
-    return [s.name for s in all_scenarios()
-            if s.body.__module__.rsplit(".", 1)[-1] in modules and s.slow == slow]
+    return [s.name for s in all_scenarios() if s.body.__module__.rsplit(".", 1)[-1] in modules and s.slow == slow]
 
 
 class LabRuns:
@@ -79,6 +89,7 @@ def assert_failure(name: str, rec: RunRecord) -> None:
 def assert_explained(name: str, rec: RunRecord) -> None:
     """`explain` names the scenario's code and family as the root cause of its output."""
     from torchdoctor.explain import explain
+
     s = get(name)
     root = explain(rec.text()).root_cause
     assert root is not None, f"explain named no root cause for {name}:\n{rec.tail()}"
@@ -135,8 +146,19 @@ def closed_loop(names: list[str], recorded: bool = True) -> tuple[Any, ...]:
 
 def check_json(*args: str, preexec_fn: Any = None, prefix: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """`torchdoctor check --format json` (optionally in a prepared child) succeeds; its findings by code."""
-    argv = [*(prefix or []), sys.executable, "-m", "torchdoctor", "check", "--format", "json", "--fail-on", "never",
-            "--no-torch", *args]
+    argv = [
+        *(prefix or []),
+        sys.executable,
+        "-m",
+        "torchdoctor",
+        "check",
+        "--format",
+        "json",
+        "--fail-on",
+        "never",
+        "--no-torch",
+        *args,
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=preexec_fn, check=False)
     assert proc.returncode == 0, proc.stderr
     return {f["code"]: f for f in json.loads(proc.stdout)["findings"]}

@@ -30,8 +30,13 @@ from ..options import CheckOptions
 
 _PER_NODE = re.compile(r"\s*(\d+)(?:\(x(\d+)\))?\s*")
 #: Launcher variables in the order they are believed (see the module docstring).
-SOURCES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
-           "SLURM_TASKS_PER_NODE")
+SOURCES = (
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+)
 _ASSUMED = "assumed: no --nproc-per-node, LOCAL_WORLD_SIZE or Slurm/MPI task count"
 
 

@@ -8,8 +8,16 @@ from typing import Any
 from ..model import Evidence
 from ..units import human_bytes
 
-__all__ = ["OWN_DIRECTORY", "SHARED_PARENTS", "SYSTEM_TREES", "Evidence", "ev", "human_bytes", "is_system_path",
-           "system_root"]
+__all__ = [
+    "OWN_DIRECTORY",
+    "SHARED_PARENTS",
+    "SYSTEM_TREES",
+    "Evidence",
+    "ev",
+    "human_bytes",
+    "is_system_path",
+    "system_root",
+]
 
 
 def ev(label: str, value: Any, source: str = "") -> Evidence:
@@ -18,14 +26,38 @@ def ev(label: str, value: Any, source: str = "") -> Evidence:
 
 #: Trees of the operating system: a fix never moves, deletes, truncates, chowns or chmods anything in them.
 SYSTEM_TREES = (
-    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin", "/snap",
-    "/sys", "/usr", "/var",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/snap",
+    "/sys",
+    "/usr",
+    "/var",
 )
 #: Directories whose *subdirectories* belong to users (scratch, homes, volumes); the directories themselves
 #: are shared by everybody (e.g. /tmp is mode 1777) and count as system paths.
 SHARED_PARENTS = (
-    "/tmp", "/var/tmp", "/dev/shm", "/run/user", "/home", "/root", "/mnt", "/media", "/srv", "/opt", "/scratch",
-    "/data", "/workspace",
+    "/tmp",
+    "/var/tmp",
+    "/dev/shm",
+    "/run/user",
+    "/home",
+    "/root",
+    "/mnt",
+    "/media",
+    "/srv",
+    "/opt",
+    "/scratch",
+    "/data",
+    "/workspace",
 )
 #: What to suggest instead of touching a system path.
 OWN_DIRECTORY = "a directory you own (e.g. `mkdir -p $HOME/checkpoints`, or the job's scratch directory)"

@@ -74,9 +74,14 @@ def _fd_budget(facts: Facts) -> dict[str, Any] | None:
         return None
     soft, used = nofile.soft, facts.limits.process.open_fds or 0
     hard = nofile.hard
-    return {"soft": soft, "hard": "unlimited" if nofile.hard_unlimited else hard,
-            "hard_value": hard, "hard_unlimited": bool(nofile.hard_unlimited),
-            "open": used, "budget": max(soft - used, 0)}
+    return {
+        "soft": soft,
+        "hard": "unlimited" if nofile.hard_unlimited else hard,
+        "hard_value": hard,
+        "hard_unlimited": bool(nofile.hard_unlimited),
+        "open": used,
+        "budget": max(soft - used, 0),
+    }
 
 
 def _map_budget(facts: Facts) -> dict[str, Any] | None:
@@ -87,27 +92,39 @@ def _map_budget(facts: Facts) -> dict[str, Any] | None:
     used = facts.limits.process.map_count or 0
     page = facts.limits.process.page_size or DEFAULT_PAGE
     budget = max(limit - used, 0)
-    return {"limit": limit, "used": used, "budget": budget, "page": human_bytes(page),
-            "bytes": human_bytes(budget * page)}
+    return {
+        "limit": limit,
+        "used": used,
+        "budget": budget,
+        "page": human_bytes(page),
+        "bytes": human_bytes(budget * page),
+    }
 
 
 def _fd_evidence(fd: dict[str, Any]) -> tuple[Any, ...]:
-    return (ev("RLIMIT_NOFILE soft", fd["soft"], "getrlimit(RLIMIT_NOFILE)"),
-            ev("RLIMIT_NOFILE hard", fd["hard"], "getrlimit(RLIMIT_NOFILE)"),
-            ev("open descriptors in this process", fd["open"], "/proc/self/fd"))
+    return (
+        ev("RLIMIT_NOFILE soft", fd["soft"], "getrlimit(RLIMIT_NOFILE)"),
+        ev("RLIMIT_NOFILE hard", fd["hard"], "getrlimit(RLIMIT_NOFILE)"),
+        ev("open descriptors in this process", fd["open"], "/proc/self/fd"),
+    )
 
 
 def _map_evidence(mp: dict[str, Any]) -> tuple[Any, ...]:
-    return (ev("vm.max_map_count", mp["limit"], "/proc/sys/vm/max_map_count"),
-            ev("mappings in this process", mp["used"], "/proc/self/maps"))
+    return (
+        ev("vm.max_map_count", mp["limit"], "/proc/sys/vm/max_map_count"),
+        ev("mappings in this process", mp["used"], "/proc/self/maps"),
+    )
 
 
 def _run_evidence(run: _Run) -> tuple[Any, ...]:
-    return (ev("sharing strategy", run.strategy, run.strategy_source),
-            ev("start method", run.method or "unknown", run.method_source))
+    return (
+        ev("sharing strategy", run.strategy, run.strategy_source),
+        ev("start method", run.method or "unknown", run.method_source),
+    )
 
 
 # -- TD110 ------------------------------------------------------------------------------------
+
 
 def _check_map_count(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     mp, run = _map_budget(facts), _run(facts, opts)
@@ -126,75 +143,104 @@ def _check_map_count(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     else:
         return
     if run.pickles_dataset:
-        context = (f"With the {run.method} start method ({run.method_source}) the dataset is pickled to every "
-                   "worker, so every tensor storage in it is shared at once; past the limit the loader fails with "
-                   "`unable to mmap N bytes from file </torch_…>: Cannot allocate memory (12)`.")
+        context = (
+            f"With the {run.method} start method ({run.method_source}) the dataset is pickled to every "
+            "worker, so every tensor storage in it is shared at once; past the limit the loader fails with "
+            "`unable to mmap N bytes from file </torch_…>: Cannot allocate memory (12)`."
+        )
         if run.strategy == "file_descriptor" and fd is not None:
             context += f" RLIMIT_NOFILE ({fd['soft']}) allows more descriptors than that, so mappings run out first."
     else:
-        context = (f"With the {run.method or 'fork'} start method only batches in flight are shared, far fewer; the "
-                   "limit is reached by keeping received tensors (e.g. appending every batch to a list) or sending "
-                   "many tensors through torch.multiprocessing queues.")
+        context = (
+            f"With the {run.method or 'fork'} start method only batches in flight are shared, far fewer; the "
+            "limit is reached by keeping received tensors (e.g. appending every batch to a list) or sending "
+            "many tensors through torch.multiprocessing queues."
+        )
     yield Hit(
-        {"limit": mp["limit"], "used": mp["used"], "budget": mp["budget"], "page": mp["page"], "bytes": mp["bytes"],
-         "via": via, "context": context, "suggested": SUGGESTED_MAP_COUNT},
-        _map_evidence(mp) + _run_evidence(run)
-        + (ev("storages that fit", f"{mp['limit']} − {mp['used']} = {mp['budget']} ≈ {mp['bytes']} of "
-              f"{mp['page']} tensors", "vm.max_map_count − mappings"),),
+        {
+            "limit": mp["limit"],
+            "used": mp["used"],
+            "budget": mp["budget"],
+            "page": mp["page"],
+            "bytes": mp["bytes"],
+            "via": via,
+            "context": context,
+            "suggested": SUGGESTED_MAP_COUNT,
+        },
+        _map_evidence(mp)
+        + _run_evidence(run)
+        + (
+            ev(
+                "storages that fit",
+                f"{mp['limit']} − {mp['used']} = {mp['budget']} ≈ {mp['bytes']} of {mp['page']} tensors",
+                "vm.max_map_count − mappings",
+            ),
+        ),
         severity=severity,
     )
 
 
-TD110 = register(Code(
-    code="TD110",
-    name="map-count-bounds-shared-storages",
-    family="shm-map-count",
-    severity=Severity.WARNING,
-    area="shm",
-    title="vm.max_map_count bounds how many tensor storages can be shared",
-    message="vm.max_map_count is {limit} and this process already has {used} mappings: each tensor storage shared "
-            "through {via} costs one mapping, so about {budget} storages fit ({budget} × {page} ≈ {bytes} of "
-            "small tensors). {context}",
-    fix="Let the loader fork so only batches are shared: `DataLoader(dataset, num_workers=4, "
-        "multiprocessing_context=\"fork\")`, or `torch.multiprocessing.set_start_method(\"fork\", force=True)` in the "
+TD110 = register(
+    Code(
+        code="TD110",
+        name="map-count-bounds-shared-storages",
+        family="shm-map-count",
+        severity=Severity.WARNING,
+        area="shm",
+        title="vm.max_map_count bounds how many tensor storages can be shared",
+        message="vm.max_map_count is {limit} and this process already has {used} mappings: each tensor storage shared "
+        "through {via} costs one mapping, so about {budget} storages fit ({budget} × {page} ≈ {bytes} of "
+        "small tensors). {context}",
+        fix="Let the loader fork so only batches are shared: `DataLoader(dataset, num_workers=4, "
+        'multiprocessing_context="fork")`, or `torch.multiprocessing.set_start_method("fork", force=True)` in the '
         "process that iterates it. Or hold the data in a few large storages (one stacked tensor; numpy arrays are "
         "pickled by value) or load samples lazily in `__getitem__`. Or, as root on the host (the sysctl is not "
         "namespaced, a container cannot set it): `sysctl -w vm.max_map_count={suggested}` and persist it in "
         "/etc/sysctl.d/99-max-map-count.conf.",
-    meaning="Every tensor storage moved to shared memory is a separate mmap in the process that shares it (and in the "
-            "one that receives it). Linux refuses a process more mappings than vm.max_map_count (65530 by default), so "
-            "at one page each about 65k storages ≈ 256 MiB of small tensors can be shared: the 'fails at exactly 250 "
-            "MB' that users report.",
-    why="With spawn or forkserver the Dataset object is pickled to each worker and torch's reducers share every "
+        meaning="Every tensor storage moved to shared memory is a separate mmap in the process that shares it (and in the "
+        "one that receives it). Linux refuses a process more mappings than vm.max_map_count (65530 by default), so "
+        "at one page each about 65k storages ≈ 256 MiB of small tensors can be shared: the 'fails at exactly 250 "
+        "MB' that users report.",
+        why="With spawn or forkserver the Dataset object is pickled to each worker and torch's reducers share every "
         "tensor storage inside it; a dataset held as a list of many small tensors needs one mapping each. This "
         "happens to a DataLoader created in a process that was itself started with spawn/forkserver (the loader "
         "inherits that start method) and, from Python 3.14, by default on Linux.",
-    false_positives="A dataset that keeps its tensors in a few large storages, reads samples lazily from disk, or "
-                    "holds numpy arrays or Python objects is not affected. The budget is measured in the torchdoctor "
-                    "process; a training process that imported torch already has a few hundred mappings more.",
-    related=("TD111", "TD112"),
-    check=_check_map_count,
-))
+        false_positives="A dataset that keeps its tensors in a few large storages, reads samples lazily from disk, or "
+        "holds numpy arrays or Python objects is not affected. The budget is measured in the torchdoctor "
+        "process; a training process that imported torch already has a few hundred mappings more.",
+        related=("TD111", "TD112"),
+        check=_check_map_count,
+    )
+)
 
 
 # -- TD111 ------------------------------------------------------------------------------------
+
 
 def _raise_fix(fd: dict[str, Any], facts: Facts) -> str:
     nr_open = facts.limits.sysctl.fs.nr_open
     if fd["hard_unlimited"] or (fd["hard_value"] is not None and fd["hard_value"] > fd["soft"]):
         target = fd["hard_value"] if not fd["hard_unlimited"] else (nr_open or SUGGESTED_NOFILE)
         hard_expr = "resource.RLIM_INFINITY" if fd["hard_unlimited"] else str(target)
-        return (f"Raise the soft limit up to the hard limit, which needs no root: `ulimit -n {target}` in the shell "
-                "or job script that starts training, or before the loader starts: `import resource; "
-                f"resource.setrlimit(resource.RLIMIT_NOFILE, ({target}, {hard_expr}))`.")
+        return (
+            f"Raise the soft limit up to the hard limit, which needs no root: `ulimit -n {target}` in the shell "
+            "or job script that starts training, or before the loader starts: `import resource; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({target}, {hard_expr}))`."
+        )
     want = min(SUGGESTED_NOFILE, nr_open) if nr_open else SUGGESTED_NOFILE
     cap = facts.limits.process.cap_sys_resource
-    who = ("it needs root (CAP_SYS_RESOURCE)" if cap is None else
-           f"this process has CAP_SYS_RESOURCE, so `ulimit -n {want}` works here" if cap else
-           "this process lacks CAP_SYS_RESOURCE, so even root cannot raise it from inside")
-    return (f"The hard limit is {fd['hard']} as well and raising it needs privilege ({who}): Docker `--ulimit "
-            f"nofile={want}:{want}`, systemd `LimitNOFILE={want}`, PAM `/etc/security/limits.conf` "
-            f"(`* soft nofile {want}` and `* hard nofile {want}`), then start training from the new session.")
+    who = (
+        "it needs root (CAP_SYS_RESOURCE)"
+        if cap is None
+        else f"this process has CAP_SYS_RESOURCE, so `ulimit -n {want}` works here"
+        if cap
+        else "this process lacks CAP_SYS_RESOURCE, so even root cannot raise it from inside"
+    )
+    return (
+        f"The hard limit is {fd['hard']} as well and raising it needs privilege ({who}): Docker `--ulimit "
+        f"nofile={want}:{want}`, systemd `LimitNOFILE={want}`, PAM `/etc/security/limits.conf` "
+        f"(`* soft nofile {want}` and `* hard nofile {want}`), then start training from the new session."
+    )
 
 
 def _check_nofile(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
@@ -205,53 +251,73 @@ def _check_nofile(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     if run.pickles_dataset:
         if fd["soft"] >= SUGGESTED_NOFILE or (mp is not None and mp["budget"] <= fd["budget"]):
             return  # plenty, or mappings run out first: TD110
-        context = (f"With the {run.method} start method ({run.method_source}) the dataset is pickled to every "
-                   "worker and each tensor storage in it is shared, so a dataset with more fails with `Too many open "
-                   "files (24)`.")
+        context = (
+            f"With the {run.method} start method ({run.method_source}) the dataset is pickled to every "
+            "worker and each tensor storage in it is shared, so a dataset with more fails with `Too many open "
+            "files (24)`."
+        )
     else:
         if fd["soft"] >= LOW_NOFILE:
             return
-        context = (f"With the {run.method or 'fork'} start method batches in flight and every batch the main process "
-                   "keeps (e.g. appended to a list) hold one each; past the limit descriptors sent by workers are "
-                   "dropped and the loader fails with `received 0 items of ancdata` or `Too many open files`.")
+        context = (
+            f"With the {run.method or 'fork'} start method batches in flight and every batch the main process "
+            "keeps (e.g. appended to a list) hold one each; past the limit descriptors sent by workers are "
+            "dropped and the loader fails with `received 0 items of ancdata` or `Too many open files`."
+        )
     yield Hit(
-        {"soft": fd["soft"], "hard": fd["hard"], "open": fd["open"], "budget": fd["budget"],
-         "source": run.strategy_source, "context": context, "raise_fix": _raise_fix(fd, facts)},
-        _fd_evidence(fd) + _run_evidence(run)
-        + (ev("storages that can be shared at once", f"{fd['soft']} − {fd['open']} = {fd['budget']}",
-              "soft limit − open descriptors"),),
+        {
+            "soft": fd["soft"],
+            "hard": fd["hard"],
+            "open": fd["open"],
+            "budget": fd["budget"],
+            "source": run.strategy_source,
+            "context": context,
+            "raise_fix": _raise_fix(fd, facts),
+        },
+        _fd_evidence(fd)
+        + _run_evidence(run)
+        + (
+            ev(
+                "storages that can be shared at once",
+                f"{fd['soft']} − {fd['open']} = {fd['budget']}",
+                "soft limit − open descriptors",
+            ),
+        ),
     )
 
 
-TD111 = register(Code(
-    code="TD111",
-    name="nofile-bounds-shared-storages",
-    family="fd-exhausted",
-    severity=Severity.WARNING,
-    area="shm",
-    title="The open-file limit bounds how many tensor storages can be shared",
-    message="RLIMIT_NOFILE is {soft} (soft) / {hard} (hard) and this process has {open} open: with the "
-            "file_descriptor strategy ({source}) every shared tensor storage alive keeps one descriptor, so about "
-            "{budget} can exist at once. {context}",
-    fix="{raise_fix} Or share through file names instead, right after `import torch`: "
-        "`torch.multiprocessing.set_sharing_strategy(\"file_system\")` (then vm.max_map_count bounds the count, "
-        "see TD110). With spawn/forkserver, `DataLoader(..., multiprocessing_context=\"fork\")` shares batches only.",
-    meaning="torch's default sharing strategy on Linux passes each shared storage as a file descriptor over a Unix "
-            "socket and keeps it open for as long as the storage lives, so the number of storages alive in one "
-            "process is bounded by its soft RLIMIT_NOFILE.",
-    why="Many distributions and batch schedulers start processes with a soft limit of 1024. Workers then fail to "
+TD111 = register(
+    Code(
+        code="TD111",
+        name="nofile-bounds-shared-storages",
+        family="fd-exhausted",
+        severity=Severity.WARNING,
+        area="shm",
+        title="The open-file limit bounds how many tensor storages can be shared",
+        message="RLIMIT_NOFILE is {soft} (soft) / {hard} (hard) and this process has {open} open: with the "
+        "file_descriptor strategy ({source}) every shared tensor storage alive keeps one descriptor, so about "
+        "{budget} can exist at once. {context}",
+        fix="{raise_fix} Or share through file names instead, right after `import torch`: "
+        '`torch.multiprocessing.set_sharing_strategy("file_system")` (then vm.max_map_count bounds the count, '
+        'see TD110). With spawn/forkserver, `DataLoader(..., multiprocessing_context="fork")` shares batches only.',
+        meaning="torch's default sharing strategy on Linux passes each shared storage as a file descriptor over a Unix "
+        "socket and keeps it open for as long as the storage lives, so the number of storages alive in one "
+        "process is bounded by its soft RLIMIT_NOFILE.",
+        why="Many distributions and batch schedulers start processes with a soft limit of 1024. Workers then fail to "
         "send descriptors (the socket silently drops them past the limit, surfacing as `received 0 items of "
         "ancdata`), and sharing a dataset of many small tensors with spawn/forkserver fails with `Too many open "
         "files`.",
-    false_positives="A loader whose consumer frees each batch before the next keeps only workers × prefetch_factor "
-                    "× tensors-per-batch descriptors, which fits in 1024; the thresholds (4096 with fork, "
-                    f"{SUGGESTED_NOFILE} with spawn/forkserver) are rules of thumb.",
-    related=("TD110", "TD112"),
-    check=_check_nofile,
-))
+        false_positives="A loader whose consumer frees each batch before the next keeps only workers × prefetch_factor "
+        "× tensors-per-batch descriptors, which fits in 1024; the thresholds (4096 with fork, "
+        f"{SUGGESTED_NOFILE} with spawn/forkserver) are rules of thumb.",
+        related=("TD110", "TD112"),
+        check=_check_nofile,
+    )
+)
 
 
 # -- TD112 ------------------------------------------------------------------------------------
+
 
 def _check_start_method(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     run = _run(facts, opts)
@@ -265,41 +331,54 @@ def _check_start_method(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     else:
         fd_text = "an unknown number under file_descriptor (RLIMIT_NOFILE not read)"
     if mp is not None:
-        mp_text = (f"about {mp['budget']} under file_system (vm.max_map_count {mp['limit']} − {mp['used']} mappings "
-                   f"≈ {mp['bytes']} of {mp['page']} tensors)")
+        mp_text = (
+            f"about {mp['budget']} under file_system (vm.max_map_count {mp['limit']} − {mp['used']} mappings "
+            f"≈ {mp['bytes']} of {mp['page']} tensors)"
+        )
     else:
         mp_text = "an unknown number under file_system (vm.max_map_count not read)"
     evidence = _run_evidence(run)
     evidence += _fd_evidence(fd) if fd is not None else ()
     evidence += _map_evidence(mp) if mp is not None else ()
-    yield Hit({"method": run.method, "method_source": run.method_source, "fd_text": fd_text, "map_text": mp_text,
-               "strategy": run.strategy, "strategy_source": run.strategy_source}, evidence)
+    yield Hit(
+        {
+            "method": run.method,
+            "method_source": run.method_source,
+            "fd_text": fd_text,
+            "map_text": mp_text,
+            "strategy": run.strategy,
+            "strategy_source": run.strategy_source,
+        },
+        evidence,
+    )
 
 
-TD112 = register(Code(
-    code="TD112",
-    name="start-method-shares-dataset",
-    family="fd-exhausted",
-    severity=Severity.INFO,
-    area="shm",
-    title="spawn/forkserver workers get the whole dataset through shared memory",
-    message="DataLoader workers will be started with {method} ({method_source}): a DataLoader without "
-            "`multiprocessing_context` uses the start method of the process iterating it, so the dataset is pickled "
-            "to every worker and every tensor storage in it is shared. This host allows {fd_text} and {map_text}; "
-            "the run uses {strategy} ({strategy_source}).",
-    fix="If the dataset holds many tensors, give the loader a fork context: `DataLoader(dataset, num_workers=4, "
-        "multiprocessing_context=\"fork\")` (or `torch.multiprocessing.set_start_method(\"fork\", force=True)` at the "
+TD112 = register(
+    Code(
+        code="TD112",
+        name="start-method-shares-dataset",
+        family="fd-exhausted",
+        severity=Severity.INFO,
+        area="shm",
+        title="spawn/forkserver workers get the whole dataset through shared memory",
+        message="DataLoader workers will be started with {method} ({method_source}): a DataLoader without "
+        "`multiprocessing_context` uses the start method of the process iterating it, so the dataset is pickled "
+        "to every worker and every tensor storage in it is shared. This host allows {fd_text} and {map_text}; "
+        "the run uses {strategy} ({strategy_source}).",
+        fix="If the dataset holds many tensors, give the loader a fork context: `DataLoader(dataset, num_workers=4, "
+        'multiprocessing_context="fork")` (or `torch.multiprocessing.set_start_method("fork", force=True)` at the '
         "top of the process that trains); otherwise keep the data in a few large storages or load samples lazily "
         "in `__getitem__`. Pass `--start-method` to torchdoctor to check the method your run really uses.",
-    meaning="fork copies the parent's memory into each worker, so only the batches workers return are shared. spawn "
-            "and forkserver start fresh interpreters and pickle the Dataset to each of them; torch's reducers move "
-            "every tensor storage inside it to shared memory, each costing a descriptor (file_descriptor) and a "
-            "mapping (both strategies).",
-    why="The start method is inherited: a training function run in a `multiprocessing.Process` created with spawn "
+        meaning="fork copies the parent's memory into each worker, so only the batches workers return are shared. spawn "
+        "and forkserver start fresh interpreters and pickle the Dataset to each of them; torch's reducers move "
+        "every tensor storage inside it to shared memory, each costing a descriptor (file_descriptor) and a "
+        "mapping (both strategies).",
+        why="The start method is inherited: a training function run in a `multiprocessing.Process` created with spawn "
         "or forkserver (a supervisor, a job scheduler, torch.multiprocessing.spawn) makes its DataLoader spawn/"
         "forkserver too. Python 3.14 changed the Linux default start method from fork to forkserver.",
-    false_positives="Harmless for datasets that keep paths or numpy arrays and load tensors in `__getitem__`. fork is "
-                    "not a free fix: threads or a CUDA context in the parent are not carried over to forked workers.",
-    related=("TD110", "TD111"),
-    check=_check_start_method,
-))
+        false_positives="Harmless for datasets that keep paths or numpy arrays and load tensors in `__getitem__`. fork is "
+        "not a free fix: threads or a CUDA context in the parent are not carried over to forked workers.",
+        related=("TD110", "TD111"),
+        check=_check_start_method,
+    )
+)

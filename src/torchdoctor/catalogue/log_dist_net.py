@@ -14,113 +14,121 @@ from ..model import Severity
 from ..registry import Code, register
 from ..signature import Role, Signature
 
-_IFNAME_FIX = ("Tell gloo which interface to use on every node: `export GLOO_SOCKET_IFNAME=<iface>`, a single "
-               "interface name (not an IP address, not NCCL's `^lo` exclusion syntax) that exists on that node and "
-               "carries the address the other nodes reach (`ip -br addr`); or make the host name resolve to that "
-               "address (`getent hosts $(hostname)`; Debian/Ubuntu map it to 127.0.1.1 in /etc/hosts). Set "
-               "`NCCL_SOCKET_IFNAME` to the same interface for NCCL.")
+_IFNAME_FIX = (
+    "Tell gloo which interface to use on every node: `export GLOO_SOCKET_IFNAME=<iface>`, a single "
+    "interface name (not an IP address, not NCCL's `^lo` exclusion syntax) that exists on that node and "
+    "carries the address the other nodes reach (`ip -br addr`); or make the host name resolve to that "
+    "address (`getent hosts $(hostname)`; Debian/Ubuntu map it to 127.0.1.1 in /etc/hosts). Set "
+    "`NCCL_SOCKET_IFNAME` to the same interface for NCCL."
+)
 
-TD460 = register(Code(
-    code="TD460",
-    name="gloo-interface-address-not-found",
-    family="dist-connect",
-    severity=Severity.ERROR,
-    area="distributed",
-    title="gloo could not find a local address to bind for its connections",
-    message="gloo could not find a usable local {kind} for '{name}', so this rank cannot open connections to the "
-            "others.",
-    fix=_IFNAME_FIX,
-    meaning="When gloo creates its device it resolves GLOO_SOCKET_IFNAME (an interface name) or, without it, this "
-            "host's name, and binds to the address it finds; 'Unable to find address for: X' means X has no usable "
-            "address, 'Unable to find interface for: [IP]' that no local interface carries the address the host name "
-            "resolves to.",
-    why="GLOO_SOCKET_IFNAME naming an interface that does not exist on this node (copied from another machine, "
+TD460 = register(
+    Code(
+        code="TD460",
+        name="gloo-interface-address-not-found",
+        family="dist-connect",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="gloo could not find a local address to bind for its connections",
+        message="gloo could not find a usable local {kind} for '{name}', so this rank cannot open connections to the "
+        "others.",
+        fix=_IFNAME_FIX,
+        meaning="When gloo creates its device it resolves GLOO_SOCKET_IFNAME (an interface name) or, without it, this "
+        "host's name, and binds to the address it finds; 'Unable to find address for: X' means X has no usable "
+        "address, 'Unable to find interface for: [IP]' that no local interface carries the address the host name "
+        "resolves to.",
+        why="GLOO_SOCKET_IFNAME naming an interface that does not exist on this node (copied from another machine, "
         "`ib0`/`bond1`), set to an IP address or an exclusion list, or a host name that does not resolve to any "
         "local address (containers with --net=host, Kubernetes host networking, stale /etc/hosts).",
-    false_positives="None known.",
-    related=("TD461", "TD453", "TD411"),
-    signatures=(
-        Signature(
-            role=Role.ROOT_CAUSE,
-            triggers=("Unable to find address for", "Unable to find interface for"),
-            pattern=r"Unable to find (?P<kind>address|interface) for: (?P<name>\S+)",
-            confidence=0.85,
+        false_positives="None known.",
+        related=("TD461", "TD453", "TD411"),
+        signatures=(
+            Signature(
+                role=Role.ROOT_CAUSE,
+                triggers=("Unable to find address for", "Unable to find interface for"),
+                pattern=r"Unable to find (?P<kind>address|interface) for: (?P<name>\S+)",
+                confidence=0.85,
+            ),
         ),
-    ),
-))
+    )
+)
 
-TD461 = register(Code(
-    code="TD461",
-    name="gloo-peer-connection-refused",
-    family="dist-connect",
-    severity=Severity.ERROR,
-    area="distributed",
-    title="a gloo connection to another rank was refused",
-    message="gloo's connection to the peer at {addr}:{port} was refused; a loopback address there (127.x) means that "
-            "rank advertised its host name's loopback entry, which other nodes cannot reach.",
-    fix=_IFNAME_FIX + " If the address is right, check that the peer is still running (its own log) and that no "
-                      "firewall blocks the ports gloo picks between the nodes.",
-    meaning="After the store rendezvous every pair of gloo ranks connects directly, to the address each rank "
-            "published; 'Connection refused' means nothing listened at that address and port.",
-    why="The peer's host name resolves to 127.0.1.1 / 127.0.0.1 (so it published a loopback address) or to an "
+TD461 = register(
+    Code(
+        code="TD461",
+        name="gloo-peer-connection-refused",
+        family="dist-connect",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="a gloo connection to another rank was refused",
+        message="gloo's connection to the peer at {addr}:{port} was refused; a loopback address there (127.x) means that "
+        "rank advertised its host name's loopback entry, which other nodes cannot reach.",
+        fix=_IFNAME_FIX + " If the address is right, check that the peer is still running (its own log) and that no "
+        "firewall blocks the ports gloo picks between the nodes.",
+        meaning="After the store rendezvous every pair of gloo ranks connects directly, to the address each rank "
+        "published; 'Connection refused' means nothing listened at that address and port.",
+        why="The peer's host name resolves to 127.0.1.1 / 127.0.0.1 (so it published a loopback address) or to an "
         "interface other nodes cannot reach; less often the peer exited or a firewall rejects the connection.",
-    false_positives="A peer that died during setup also refuses connections; then its own error comes first.",
-    related=("TD460", "TD453", "TD454"),
-    signatures=(
-        Signature(
-            role=Role.ROOT_CAUSE,
-            triggers=("Connection refused",),
-            pattern=r"pair\.cc:\d+\] connect \[(?P<addr>[^\]]+)\]:(?P<port>\d+): Connection refused",
-            confidence=0.75,
+        false_positives="A peer that died during setup also refuses connections; then its own error comes first.",
+        related=("TD460", "TD453", "TD454"),
+        signatures=(
+            Signature(
+                role=Role.ROOT_CAUSE,
+                triggers=("Connection refused",),
+                pattern=r"pair\.cc:\d+\] connect \[(?P<addr>[^\]]+)\]:(?P<port>\d+): Connection refused",
+                confidence=0.75,
+            ),
+            Signature(  # torch >= 2.3: "Gloo connectFullMesh failed with [...pair.cc:N] ... SO_ERROR: Connection refused, remote=[A]:P"
+                role=Role.ROOT_CAUSE,
+                triggers=("Connection refused, remote=",),
+                pattern=r"SO_ERROR: Connection refused, remote=\[(?P<addr>[^\]]+)\]:(?P<port>[^\s,)]+)",
+                confidence=0.75,
+            ),
         ),
-        Signature(  # torch >= 2.3: "Gloo connectFullMesh failed with [...pair.cc:N] ... SO_ERROR: Connection refused, remote=[A]:P"
-            role=Role.ROOT_CAUSE,
-            triggers=("Connection refused, remote=",),
-            pattern=r"SO_ERROR: Connection refused, remote=\[(?P<addr>[^\]]+)\]:(?P<port>[^\s,)]+)",
-            confidence=0.75,
-        ),
-    ),
-))
+    )
+)
 
-TD462 = register(Code(
-    code="TD462",
-    name="store-based-barrier-timeout",
-    family="dist-hang",
-    severity=Severity.ERROR,
-    area="distributed",
-    title="init_process_group's store-based barrier timed out (ranks missing or extra)",
-    message="init_process_group waited in its store-based barrier ({detail}): the barrier counts one arrival per "
-            "rank; fewer than world_size means some ranks never got there, more means extra processes joined the "
-            "same store.",
-    fix="Fewer arrivals: find the ranks that did not arrive (their own logs: a crash, a slow model or dataset load "
+TD462 = register(
+    Code(
+        code="TD462",
+        name="store-based-barrier-timeout",
+        family="dist-hang",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="init_process_group's store-based barrier timed out (ranks missing or extra)",
+        message="init_process_group waited in its store-based barrier ({detail}): the barrier counts one arrival per "
+        "rank; fewer than world_size means some ranks never got there, more means extra processes joined the "
+        "same store.",
+        fix="Fewer arrivals: find the ranks that did not arrive (their own logs: a crash, a slow model or dataset load "
         "before init_process_group, a node that never started) and fix that; raise `init_process_group(timeout=...)` "
         "only when they are merely slow. More arrivals than world_size: two jobs share one MASTER_ADDR:MASTER_PORT, "
         "a `file://` init file from an earlier run was reused (delete it or use a new path per run), or more processes "
         "were launched than WORLD_SIZE (`--nproc-per-node` × nodes, `mp.spawn` nprocs).",
-    meaning="Before torch 2.2, init_process_group ended with a barrier on the store: each rank adds 1 to a key and "
-            "waits until the count equals world_size, logging 'Waiting in store based barrier' every 10 s and raising "
-            "after the process-group timeout.",
-    why="A rank that crashed or is still loading, nodes started far apart, WORLD_SIZE larger than the processes "
+        meaning="Before torch 2.2, init_process_group ended with a barrier on the store: each rank adds 1 to a key and "
+        "waits until the count equals world_size, logging 'Waiting in store based barrier' every 10 s and raising "
+        "after the process-group timeout.",
+        why="A rank that crashed or is still loading, nodes started far apart, WORLD_SIZE larger than the processes "
         "launched, or a store shared with another run.",
-    false_positives="Very slow starts (large model loads on some ranks) with a short timeout.",
-    related=("TD452", "TD453", "TD455", "TD490"),
-    signatures=(
-        Signature(
-            role=Role.CASCADE,
-            triggers=("process group in store based barrier",),
-            pattern=r"(?i:timed out initializing process group in store based barrier)(?: on rank:? (?P<barrier_rank>\d+)"
-                    r", for key: (?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), worker_count=(?P<count>\d+), "
-                    r"timeout=(?P<timeout>[^)]+))\))?",
-            values={"detail": "timed out; the counts were not printed"},
-            confidence=0.8,
+        false_positives="Very slow starts (large model loads on some ranks) with a short timeout.",
+        related=("TD452", "TD453", "TD455", "TD490"),
+        signatures=(
+            Signature(
+                role=Role.CASCADE,
+                triggers=("process group in store based barrier",),
+                pattern=r"(?i:timed out initializing process group in store based barrier)(?: on rank:? (?P<barrier_rank>\d+)"
+                r", for key: (?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), worker_count=(?P<count>\d+), "
+                r"timeout=(?P<timeout>[^)]+))\))?",
+                values={"detail": "timed out; the counts were not printed"},
+                confidence=0.8,
+            ),
+            Signature(  # the INFO line torch logs every 10 s while it waits: a hang in init_process_group
+                role=Role.CASCADE,
+                triggers=("Waiting in store based barrier",),
+                pattern=r"Waiting in store based barrier to initialize process group for rank: (?P<barrier_rank>\d+), key: "
+                r"(?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), worker_count=(?P<count>\d+), "
+                r"timeout=(?P<timeout>[^)]+))\)",
+                confidence=0.5,
+            ),
         ),
-        Signature(  # the INFO line torch logs every 10 s while it waits: a hang in init_process_group
-            role=Role.CASCADE,
-            triggers=("Waiting in store based barrier",),
-            pattern=r"Waiting in store based barrier to initialize process group for rank: (?P<barrier_rank>\d+), key: "
-                    r"(?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), worker_count=(?P<count>\d+), "
-                    r"timeout=(?P<timeout>[^)]+))\)",
-            confidence=0.5,
-        ),
-    ),
-))
+    )
+)

@@ -53,24 +53,32 @@ def sources_for(data: Input) -> list[Source]:
     at the call, naming what is accepted."""
     if isinstance(data, str):
         if data and "\n" not in data and len(data) < 4096 and _is_file(data):
-            warnings.warn(f"explain() takes a str as log text, and {data!r} names a file: pass "
-                          f"pathlib.Path({data!r}) to read the file", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"explain() takes a str as log text, and {data!r} names a file: pass "
+                f"pathlib.Path({data!r}) to read the file",
+                UserWarning,
+                stacklevel=3,
+            )
         return [text_source(data)]
     if isinstance(data, (bytes, bytearray, memoryview)):
         return [text_source(bytes(data), "<bytes>")]
     if isinstance(data, os.PathLike):
         return resolve([data])
     if data is None or not isinstance(data, Iterable):
-        raise TypeError(f"explain() takes log text (str or bytes), a pathlib.Path, a list of paths or an "
-                        f"iterable of lines; got {type(data).__name__}")
+        raise TypeError(
+            f"explain() takes log text (str or bytes), a pathlib.Path, a list of paths or an "
+            f"iterable of lines; got {type(data).__name__}"
+        )
     items = list(data) if isinstance(data, (list, tuple)) else None
     if items is not None and items and all(isinstance(i, os.PathLike) for i in items):
         return resolve(items)
     if items is not None:
         bad = next((i for i in items if not isinstance(i, (str, bytes, bytearray, memoryview))), _NONE)
         if bad is not _NONE:
-            raise TypeError(f"explain() got a list holding a {type(bad).__name__}: give lines as str or bytes, "
-                            "or every item as a pathlib.Path")
+            raise TypeError(
+                f"explain() got a list holding a {type(bad).__name__}: give lines as str or bytes, "
+                "or every item as a pathlib.Path"
+            )
     return [lines_source(items if items is not None else data)]
 
 

@@ -22,14 +22,59 @@ from ..registry import Code
 from ..signature import Signature
 
 GENERIC = (
-    "Error", "error", "ERROR", "Exception", "Interrupt", "Warning", "warning", "WARN",
-    "failed", "Failed", "FAILED", "failure", "Failure", "fatal", "Fatal", "FATAL",
-    "Traceback", "SIG", "Killed", "killed", "signal", "Segmentation fault", "core dumped", "Aborted",
-    "errno", "Errno", "xit code", "xitcode", "xit status", "eturn code", "eturncode", "with code",
-    "timed out", "No such file", "Permission denied", "Connection refused", "Connection reset", "already in use",
-    "No space left", "Cannot allocate", "Too many open files", "Broken pipe", "Input/output error",
-    "Read-only file system", "quota exceeded", "ut of memory", "command not found", "oom-kill",
-    "Illegal instruction", "Floating point exception", "double free", "terminate called", "what():",
+    "Error",
+    "error",
+    "ERROR",
+    "Exception",
+    "Interrupt",
+    "Warning",
+    "warning",
+    "WARN",
+    "failed",
+    "Failed",
+    "FAILED",
+    "failure",
+    "Failure",
+    "fatal",
+    "Fatal",
+    "FATAL",
+    "Traceback",
+    "SIG",
+    "Killed",
+    "killed",
+    "signal",
+    "Segmentation fault",
+    "core dumped",
+    "Aborted",
+    "errno",
+    "Errno",
+    "xit code",
+    "xitcode",
+    "xit status",
+    "eturn code",
+    "eturncode",
+    "with code",
+    "timed out",
+    "No such file",
+    "Permission denied",
+    "Connection refused",
+    "Connection reset",
+    "already in use",
+    "No space left",
+    "Cannot allocate",
+    "Too many open files",
+    "Broken pipe",
+    "Input/output error",
+    "Read-only file system",
+    "quota exceeded",
+    "ut of memory",
+    "command not found",
+    "oom-kill",
+    "Illegal instruction",
+    "Floating point exception",
+    "double free",
+    "terminate called",
+    "what():",
 )
 """Literals that make a line an unmatched-error candidate (see :mod:`.relevance`, which decides).
 
@@ -78,16 +123,23 @@ class SignatureIndex:
         self.encoded: list[bytes] = [lit.encode("utf-8") for lit in self.literals]
         self.candidates: list[tuple[Candidate, ...]] = [tuple(literals[lit]) for lit in self.literals]
         # a symptom's prose words ("rank", "process") open no window: only a failure's text may wrap
-        self.window: list[int] = [WINDOWS.get(lit, HIT_WINDOW if any(not c.signature.symptom for c in literals[lit])
-                                              else 0) for lit in self.literals]
-        self.generic: frozenset[int] = frozenset(i for i, lit in enumerate(self.literals) if lit in GENERIC or lit == TRACEBACK)
-        self.cheap: frozenset[int] = frozenset(i for i in self.generic if not literals[self.literals[i]] and not self.window[i])
+        self.window: list[int] = [
+            WINDOWS.get(lit, HIT_WINDOW if any(not c.signature.symptom for c in literals[lit]) else 0)
+            for lit in self.literals
+        ]
+        self.generic: frozenset[int] = frozenset(
+            i for i, lit in enumerate(self.literals) if lit in GENERIC or lit == TRACEBACK
+        )
+        self.cheap: frozenset[int] = frozenset(
+            i for i in self.generic if not literals[self.literals[i]] and not self.window[i]
+        )
         """Generic literals that only feed the unmatched-error list (repeated shapes are skipped)."""
         self.has_signature: list[bool] = [any(not c.signature.frames for c in cs) for cs in self.candidates]
         """Literals that trigger a signature tried on log lines."""
         self.has_frames: list[bool] = [any(c.signature.frames for c in cs) for cs in self.candidates]
-        self.has_strong: list[bool] = [any(not c.signature.frames and not c.signature.symptom for c in cs)
-                                       for cs in self.candidates]
+        self.has_strong: list[bool] = [
+            any(not c.signature.frames and not c.signature.symptom for c in cs) for cs in self.candidates
+        ]
         """Literals that trigger a signature naming a failure (not only a symptom's broad prose words)."""
         """Literals that trigger a ``frames=True`` signature (tried on a cut traceback's last source line)."""
         self._fast: Scanner | None = None
@@ -194,8 +246,9 @@ class HyperscanScanner(Scanner):
         return out
 
 
-def match_line(index: SignatureIndex, ids: Iterable[int], texts: Sequence[str],
-               cut: bool = False, prose: bool = True) -> list[tuple[Candidate, dict[str, str]]]:
+def match_line(
+    index: SignatureIndex, ids: Iterable[int], texts: Sequence[str], cut: bool = False, prose: bool = True
+) -> list[tuple[Candidate, dict[str, str]]]:
     """Signatures (with extracted values) matching a line, tried on each of its ``texts`` forms;
     ``cut``: the line is known to end early (see :meth:`~torchdoctor.signature.Signature.match`)."""
     found: list[tuple[Candidate, dict[str, str]]] = []
@@ -208,7 +261,9 @@ def match_line(index: SignatureIndex, ids: Iterable[int], texts: Sequence[str],
     return found
 
 
-def match_frames(index: SignatureIndex, ids: Iterable[int], tail: Sequence[str]) -> list[tuple[Candidate, dict[str, str]]]:
+def match_frames(
+    index: SignatureIndex, ids: Iterable[int], tail: Sequence[str]
+) -> list[tuple[Candidate, dict[str, str]]]:
     """``frames=True`` signatures matching the end of a cut traceback (``tail``: its last kept lines)."""
     found: list[tuple[Candidate, dict[str, str]]] = []
     for cand in index.signatures_for(ids, frames=True):

@@ -34,7 +34,13 @@ class LineRef:
         return f"{self.file}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "rank": self.rank, "host": self.host, "text": self.text[:EVIDENCE_TEXT]}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "rank": self.rank,
+            "host": self.host,
+            "text": self.text[:EVIDENCE_TEXT],
+        }
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:

@@ -43,7 +43,9 @@ _ISO_RE = re.compile(
     r"(?:[.,](?P<frac>\d{1,9}))?(?:Z|[+-]\d{2}:?\d{2})?\]?(?:\s*[|:-]\s*|\s+|(?=\[))"
 )
 _DMESG_RE = re.compile(r"\[\s*(?P<mono>\d{1,10}\.\d{3,9})\]\s*")
-_MONTHS = {m: i for i, m in enumerate(["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"], 1)}
+_MONTHS = {
+    m: i for i, m in enumerate(["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"], 1)
+}
 _SYSLOG_RE = re.compile(
     r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<d>\d{1,2}) "
     r"(?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2}) (?P<host>[\w.-]+) "
@@ -53,7 +55,9 @@ _LIGHTNING_RE = re.compile(r"(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):? {1,8})?\
 _LIGHTNING_ANY_RE = re.compile(r"\[rank: (?P<rank>\d{1,7})\]")
 _TAG_RE = re.compile(r"std(?:out|err): |\[std(?:out|err)\] ?|\[(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\] ")
 _SRUN_LABEL_RE = re.compile(r" {0,7}(?P<rank>\d{1,7}): ")
-_GLOG_RE = re.compile(r"\[?[IWEF](?P<mo>\d{1,2})(?P<d>\d{2}) (?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})(?:\.(?P<frac>\d{1,9}))?(?: +\d+)? ")
+_GLOG_RE = re.compile(
+    r"\[?[IWEF](?P<mo>\d{1,2})(?P<d>\d{2}) (?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})(?:\.(?P<frac>\d{1,9}))?(?: +\d+)? "
+)
 _NCCL_HOST_RE = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]{0,252}):\d+:\d+ \[\d+\] (?:\S+ )?(?:NCCL )?(?:INFO|WARN) ")
 _SRUN_ERR_RE = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<rank>\d+)(?:[-,]\d+)*: ")
 _C10_RANK_RE = re.compile(r"\[(?:PG [^\]]{0,80}? )?Rank (?P<rank>\d{1,7})\]")
@@ -106,32 +110,32 @@ def normalize(raw: str, rank: int | None = None, host: str | None = None) -> Nor
         if m:
             if found_rank is None:
                 found_rank = int(m["rank"] if m["rank"] is not None else m["local"])
-            text = text[m.end():]
+            text = text[m.end() :]
             continue
         m = _ISO_RE.match(text)
         if m:
             time = time or _iso_time(m)
-            text = text[m.end():]
+            text = text[m.end() :]
             continue
         m = _TAG_RE.match(text)
         if m:
-            text = text[m.end():]
+            text = text[m.end() :]
             continue
         m = _DMESG_RE.match(text)
         if m:
             time = time or ("mono", float(m["mono"]))
-            text = text[m.end():]
+            text = text[m.end() :]
             continue
         m = _SYSLOG_RE.match(text)
         if m:
             host = m["host"]
-            text = text[m.end():]
+            text = text[m.end() :]
             continue
         if found_rank is None and time is None:
             m = _SRUN_LABEL_RE.match(text)
             if m:
                 found_rank = int(m["rank"])
-                text = text[m.end():]
+                text = text[m.end() :]
                 continue
         break
     if time is None:
@@ -198,24 +202,24 @@ def unflatten(line: str) -> list[str] | None:
     if pieces is None or len(pieces) < 2:
         return None
     if len(pieces) > MAX_PIECES:  # keep the head and the tail, where the exception line is
-        pieces = pieces[:MAX_PIECES // 2] + pieces[-(MAX_PIECES // 2):]
+        pieces = pieces[: MAX_PIECES // 2] + pieces[-(MAX_PIECES // 2) :]
     return pieces
 
 
 def _flat_traceback(piece: str) -> list[str] | None:
     """A one-line traceback (after an optional rank prefix) as the lines Python printed."""
     head = piece.find(_TB_HEAD)
-    if head < 0 or not piece[head + len(_TB_HEAD):].strip():
+    if head < 0 or not piece[head + len(_TB_HEAD) :].strip():
         return None
     m = _LEAD_PREFIX_RE.match(piece)
     prefix = m.group(0) if m else ""
     if prefix and not prefix.endswith(" "):
         prefix += " "
-    body = piece[len(prefix):] if m else piece
+    body = piece[len(prefix) :] if m else piece
     out: list[str] = []
     pos = 0
     for brk in _FLAT_BREAK_RE.finditer(body):
-        out += _flat_part(body[pos:brk.start()])
+        out += _flat_part(body[pos : brk.start()])
         out.append(brk.group(1))
         pos = brk.end()
     out += _flat_part(body[pos:])
@@ -235,11 +239,11 @@ def _flat_part(text: str) -> list[str]:
             out.append(part.strip())
             continue
         out.append("  " + fm.group(0))
-        rest = part[fm.end():].strip()
+        rest = part[fm.end() :].strip()
         if not rest:
             continue
         exc = _FLAT_EXC_RE.search(rest) if i == len(parts) - 1 else None
-        source, tail = (rest[:exc.start()].strip(), rest[exc.start():].strip()) if exc else (rest, "")
+        source, tail = (rest[: exc.start()].strip(), rest[exc.start() :].strip()) if exc else (rest, "")
         if source:
             out.append("    " + source)
         if tail:
@@ -254,7 +258,9 @@ _SUMMARY_ENTRY_RE = re.compile(r"\[\d+\]:\s*$")
 _SUMMARY_RANK_RE = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _EXITCODE_RE = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _AGENT_FAILED_RE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
-_SUMMARY_TIME_RE = re.compile(r"(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})_(?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})(?P<frac>)")
+_SUMMARY_TIME_RE = re.compile(
+    r"(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})_(?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})(?P<frac>)"
+)
 
 
 @dataclass(repr=False, eq=False)
@@ -275,9 +281,16 @@ class RankFailure:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rank": self.rank, "local_rank": self.local_rank, "host": self.host, "exitcode": self.exitcode,
-            "signal": signal_name(self.exitcode), "pid": self.pid, "error_file": self.error_file,
-            "message": self.message, "file": self.file, "line": self.line,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "host": self.host,
+            "exitcode": self.exitcode,
+            "signal": signal_name(self.exitcode),
+            "pid": self.pid,
+            "error_file": self.error_file,
+            "message": self.message,
+            "file": self.file,
+            "line": self.line,
         }
 
 
@@ -308,9 +321,15 @@ class SummaryTracker:
         if "local_rank:" in text and "failed (exitcode" in text:
             m = _AGENT_FAILED_RE.search(text)
             if m:
-                self.failures.append(RankFailure(
-                    local_rank=int(m["local"]), exitcode=int(m["code"]), pid=int(m["pid"]), file=file, line=line,
-                ))
+                self.failures.append(
+                    RankFailure(
+                        local_rank=int(m["local"]),
+                        exitcode=int(m["code"]),
+                        pid=int(m["pid"]),
+                        file=file,
+                        line=line,
+                    )
+                )
             return
         entry = self._entry
         if entry is None:

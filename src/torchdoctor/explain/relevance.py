@@ -68,7 +68,7 @@ _WRAPPER_RE = re.compile(
 )
 """Lines that only report that a process died: explained by any named root cause."""
 _NOISE_RE = re.compile(r"Sending process \d+ closing signal|closing signal SIG")
-_FRAME_PREFIXES = ("File \"", "│", "╭", "╰", "^", "~")
+_FRAME_PREFIXES = ('File "', "│", "╭", "╰", "^", "~")
 _CHAIN_MARKERS = ("During handling of the above exception", "The above exception was the direct cause")
 
 
@@ -92,7 +92,12 @@ def relevance(text: str, closes_traceback: bool = False, trigger_hit: bool = Fal
     (a truncated or reworded known message): at least tier 2.
     """
     s = text.strip()
-    if not s or s.startswith(_FRAME_PREFIXES) or s.startswith("Traceback (most recent call last)") or is_chain_marker(s):
+    if (
+        not s
+        or s.startswith(_FRAME_PREFIXES)
+        or s.startswith("Traceback (most recent call last)")
+        or is_chain_marker(s)
+    ):
         return 0, False
     if _NOISE_RE.search(s):
         return 1, True
@@ -161,8 +166,9 @@ class UnmatchedStore:
     def key(text: str) -> str:
         return _DIGITS_RE.sub("N", text.strip())[:KEY_CHARS]
 
-    def add(self, ref: LineRef, text: str, score: int, wrapper: bool, tb: tuple[str, ...], seq: tuple[int, int],
-            tied: bool) -> str | None:
+    def add(
+        self, ref: LineRef, text: str, score: int, wrapper: bool, tb: tuple[str, ...], seq: tuple[int, int], tied: bool
+    ) -> str | None:
         """Record one occurrence of ``text`` (the line without prefixes; ``ref`` shows it as read).
 
         Returns its key, or None when it was dropped as less relevant than everything kept.

@@ -20,10 +20,22 @@ from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 if TYPE_CHECKING:
     from .textout import Writer
 
-_ROLE_LABEL = {"root-cause": "Root cause", "cascade": "Cascade", "confirmation": "Confirmation", "advice": "Advice",
-               "hypothesis": "Likely cause (hypothesis)", "guess": "A guess from the words (nothing recognised)"}
-_ROLE_STYLE = {"root-cause": "bold red", "cascade": "yellow", "confirmation": "cyan", "advice": "dim",
-               "hypothesis": "magenta", "guess": "dim magenta"}
+_ROLE_LABEL = {
+    "root-cause": "Root cause",
+    "cascade": "Cascade",
+    "confirmation": "Confirmation",
+    "advice": "Advice",
+    "hypothesis": "Likely cause (hypothesis)",
+    "guess": "A guess from the words (nothing recognised)",
+}
+_ROLE_STYLE = {
+    "root-cause": "bold red",
+    "cascade": "yellow",
+    "confirmation": "cyan",
+    "advice": "dim",
+    "hypothesis": "magenta",
+    "guess": "dim magenta",
+}
 TEXT_LINE = 300
 ALSO_UNEXPLAINED = 3
 """Unexplained error lines shown (tier 3 and up) under a named root cause."""
@@ -110,7 +122,9 @@ def _first_failure_line(report: ExplainReport) -> str | None:
         where = f" ({where})"
     elif not who:
         who, where = where or "unknown rank", ""
-    how = {"diagnosis": "", "torchrun-summary": " according to torchrun's summary", "unmatched-error": ""}.get(ff.get("source", ""), "")
+    how = {"diagnosis": "", "torchrun-summary": " according to torchrun's summary", "unmatched-error": ""}.get(
+        ff.get("source", ""), ""
+    )
     extra = f", exit code {ff['exitcode']}" if ff.get("exitcode") is not None else ""
     return f"First failure: {who}{host}{where}{how}{extra}"
 
@@ -157,8 +171,13 @@ def write_text(report: ExplainReport, out: IO[str]) -> None:
 
 
 def _text_block(w: Writer, d: Diagnosis, report: ExplainReport) -> None:
-    w.line([(f"{_ROLE_LABEL.get(d.role, d.role)}: ", _ROLE_STYLE.get(d.role, "")), (f"{d.code} {d.name}", "bold"),
-            (f"  [{d.family}]  confidence {d.confidence:.2f}", "dim")])
+    w.line(
+        [
+            (f"{_ROLE_LABEL.get(d.role, d.role)}: ", _ROLE_STYLE.get(d.role, "")),
+            (f"{d.code} {d.name}", "bold"),
+            (f"  [{d.family}]  confidence {d.confidence:.2f}", "dim"),
+        ]
+    )
     ff = _first_failure_line(report)
     if ff and d.role == "root-cause":
         w.line(ff, indent=2)
@@ -241,14 +260,20 @@ def markdown(report: ExplainReport) -> str:
         lines += ["**No known failure signature matched.**", ""]
     for i, d in enumerate(report.diagnoses):
         level = "###" if i == 0 else "####"
-        lines += [f"{level} {_ROLE_LABEL.get(d.role, d.role)}: {d.code} `{d.name}` (family `{d.family}`, confidence {d.confidence:.2f})", ""]
+        lines += [
+            f"{level} {_ROLE_LABEL.get(d.role, d.role)}: {d.code} `{d.name}` (family `{d.family}`, confidence {d.confidence:.2f})",
+            "",
+        ]
         if i == 0 and ff and d.role == "root-cause":
             lines += [_prose(ff), ""]
         elif _who(d):
             lines += [_prose(_who(d)), ""]
         lines += [_prose(d.message), ""]
         lines += ["| where | rank | line |", "|---|---|---|"]
-        lines += [f"| `{_md(r.location)}` | {r.rank if r.rank is not None else ''} | `{_md(_short(r.text, 200))}` |" for r in d.evidence]
+        lines += [
+            f"| `{_md(r.location)}` | {r.rank if r.rank is not None else ''} | `{_md(_short(r.text, 200))}` |"
+            for r in d.evidence
+        ]
         lines.append("")
         for note in d.notes:
             lines += [f"_{_prose(note)}_", ""]
@@ -256,12 +281,17 @@ def markdown(report: ExplainReport) -> str:
             lines += ["**Fix:**", "", "```", d.fix.strip(), "```", "", f"More: `torchdoctor codes {d.code}`", ""]
     if report.root_cause is not None and _unexplained(report):
         lines += [f"### Not explained by {report.root_cause.code}", ""]
-        lines += [f"- `{_md(u.ref.location)}` {f'(rank {u.ref.rank}) ' if u.ref.rank is not None else ''}`{_md(_short(u.ref.text, 200))}`"
-                  for u in _unexplained(report)]
+        lines += [
+            f"- `{_md(u.ref.location)}` {f'(rank {u.ref.rank}) ' if u.ref.rank is not None else ''}`{_md(_short(u.ref.text, 200))}`"
+            for u in _unexplained(report)
+        ]
         lines.append("")
     if report.unmatched_errors and report.root_cause is None:
         lines += ["### Most relevant error lines", ""]
-        lines += [f"- `{_md(u.ref.location)}` {f'(rank {u.ref.rank}) ' if u.ref.rank is not None else ''}`{_md(_short(u.ref.text, 200))}`" for u in report.unmatched_errors]
+        lines += [
+            f"- `{_md(u.ref.location)}` {f'(rank {u.ref.rank}) ' if u.ref.rank is not None else ''}`{_md(_short(u.ref.text, 200))}`"
+            for u in report.unmatched_errors
+        ]
         lines.append("")
         if ff and not report.diagnoses:
             lines += [_prose(ff), ""]

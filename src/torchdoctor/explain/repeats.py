@@ -51,6 +51,8 @@ class Plan(NamedTuple):
     """The shape of each line of the block."""
     kept: list[int]
     """Indexes of the lines read (all of them when ``runs`` is None)."""
+
+
 MAX_SHAPES = 200_000
 """Shapes remembered; past this the memory is cleared (a log of only unique lines is read in full)."""
 

@@ -45,6 +45,8 @@ def cut_long(line: bytes, max_line: int = MAX_LINE) -> bytes:
         return line
     half = (max_line - len(CUT_JOIN)) // 2
     return line[:half] + CUT_JOIN + line[-half:]
+
+
 PIECE = 4 * 1024 * 1024
 """Bytes read at a time."""
 ERROR_JSON_MAX = 16 * 1024 * 1024
@@ -146,7 +148,9 @@ def file_source(path: Path, display: str | None = None) -> Source:
         size = path.stat().st_size
     except OSError:
         size = None
-    if path.name.lower() in ("error.json", "error.json.gz") or path.name.lower().endswith(("_error.json", "-error.json")):
+    if path.name.lower() in ("error.json", "error.json.gz") or path.name.lower().endswith(
+        ("_error.json", "-error.json")
+    ):
         return Source(name, lambda: error_json_pieces(path), rank=rank_from_path(name), size=size, error_json=True)
     return Source(name, lambda: file_pieces(path), rank=rank_from_path(name), size=size)
 
@@ -168,7 +172,9 @@ def resolve(inputs: Iterable[str | os.PathLike[str]]) -> list[Source]:
             files = [f for f in found if _regular_binary(f) is None]
             if not files:
                 skipped = f"; {len(found)} binary file(s) skipped" if found else ""
-                raise UsageError(f"no log files under {text} (looked for *.log, *.out, *.err, *.txt, stdout*, stderr*, error.json, also gzipped{skipped})")
+                raise UsageError(
+                    f"no log files under {text} (looked for *.log, *.out, *.err, *.txt, stdout*, stderr*, error.json, also gzipped{skipped})"
+                )
             sources += [file_source(f) for f in files]
         elif path.exists():
             if not os.access(path, os.R_OK):
@@ -263,7 +269,7 @@ def _refuse_binary(pieces: Iterator[bytes], name: str) -> Iterator[bytes]:
     for piece in pieces:
         if not judged:
             held.append(piece)
-            head += piece[:SNIFF - len(head)]
+            head += piece[: SNIFF - len(head)]
             if len(head) < SNIFF:
                 continue
             judged = True
@@ -310,8 +316,10 @@ def lines_source(lines: Iterable[str | bytes], name: str = "<lines>") -> Source:
         size = 0
         for line in lines:
             if not isinstance(line, (str, bytes, bytearray, memoryview)):
-                raise TypeError(f"explain() got an iterable holding a {type(line).__name__}: "
-                                "give lines as str or bytes, or paths as pathlib.Path")
+                raise TypeError(
+                    f"explain() got an iterable holding a {type(line).__name__}: "
+                    "give lines as str or bytes, or paths as pathlib.Path"
+                )
             b = encode_text(line) if isinstance(line, str) else bytes(line)
             if not b.endswith(b"\n"):
                 b += b"\n"
@@ -334,7 +342,7 @@ def _maybe_gunzip_bytes(raw: bytes) -> Iterator[bytes]:
         yield from _gunzip(iter([raw]))
     else:
         for i in range(0, len(raw), PIECE):
-            yield raw[i:i + PIECE]
+            yield raw[i : i + PIECE]
 
 
 def file_pieces(path: Path) -> Iterator[bytes]:
@@ -426,7 +434,9 @@ def error_json_text(raw: bytes) -> str | None:
         extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), dict) else {}
         stack = extra.get("py_callstack") if extra else None
         body = stack if isinstance(stack, str) and stack.strip() else msg.get("message")
-        head = f"torchelastic error.json timestamp {extra.get('timestamp')}\n" if extra and extra.get("timestamp") else ""
+        head = (
+            f"torchelastic error.json timestamp {extra.get('timestamp')}\n" if extra and extra.get("timestamp") else ""
+        )
         return head + (str(body) if body is not None else "")
     return str(msg)
 
@@ -441,8 +451,9 @@ def _size(path: Path) -> int:
 # --------------------------------------------------------------------------- blocks of whole lines
 
 
-def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True,
-           cuts: list[int] | None = None) -> Iterator[Block]:
+def blocks(
+    pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True, cuts: list[int] | None = None
+) -> Iterator[Block]:
     """Whole-line blocks from arbitrary pieces; a line past ``max_line`` bytes is cut there.
 
     ``cuts[0]`` (when given) counts the lines cut here. ``count=False`` leaves the newlines of the large blocks uncounted (``lines`` and
@@ -464,7 +475,7 @@ def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True
             if nl < 0:
                 tail = (tail + piece[-half:])[-half:]
                 continue
-            tail = (tail + piece[max(0, nl - half):nl])[-half:]
+            tail = (tail + piece[max(0, nl - half) : nl])[-half:]
             head = carry + CUT_JOIN + tail + b"\n"
             if cuts is not None:
                 cuts[0] += 1
@@ -498,7 +509,7 @@ def blocks(pieces: Iterable[bytes], max_line: int = MAX_LINE, count: bool = True
                 yield Block(piece, pos, last + 1, -1, -1)
             pos = last + 1
         if len(piece) - pos > max_line:
-            carry, tail, skipping = piece[pos:pos + half], piece[-half:], True
+            carry, tail, skipping = piece[pos : pos + half], piece[-half:], True
         else:
             carry = piece[pos:]
     if carry:

@@ -143,7 +143,7 @@ class LineProcessor:
             ids = by_line.get(ls, set())
             if k < len(starts) and starts[k] == ls:
                 k += 1
-            if ids and ls >= window_end and ids <= self.sig.cheap and self._seen_shape(data[ls:min(le, ls + 512)]):
+            if ids and ls >= window_end and ids <= self.sig.cheap and self._seen_shape(data[ls : min(le, ls + 512)]):
                 cur, cur_line = le + 1, lineno + 1
                 continue
             self.failed = []
@@ -224,8 +224,11 @@ class LineProcessor:
         if not decisive and st.pending is not None and 0 < lineno - st.pending[1] <= 3:
             prev, prev_line, triggered = st.pending
             spaced = prev.text.rstrip() + " " + norm.text.strip()
-            joined = (_in_context(self._joined([spaced, prev.text + norm.text.lstrip()]), tb)
-                      if triggered or _looks_cut(prev.text, norm.text) else [])
+            joined = (
+                _in_context(self._joined([spaced, prev.text + norm.text.lstrip()]), tb)
+                if triggered or _looks_cut(prev.text, norm.text)
+                else []
+            )
             if joined:
                 matches, decisive = joined + matches, True
                 refs = [LineRef(src.name, prev_line, prev.clean, prev.rank, prev.host), ref]
@@ -243,8 +246,13 @@ class LineProcessor:
             generic = any(i in self.sig.generic for i in ids)
             wrapped_head = not decisive and (strong or (generic and not in_frames))
             st.pending = (norm, lineno, strong) if wrapped_head else None
-        if (not matches and not own_time and norm.rank is None and prev_key is not None
-                and self._join_other_stream(prev_key, norm, lineno)):
+        if (
+            not matches
+            and not own_time
+            and norm.rank is None
+            and prev_key is not None
+            and self._join_other_stream(prev_key, norm, lineno)
+        ):
             return
         chain = st.chain if closed is not None or (st.tb is None and 0 <= lineno - st.closed_at <= 2) else None
         if matches:
@@ -257,7 +265,9 @@ class LineProcessor:
                 return
         if in_frames or not (ids or closed is not None):
             return
-        score, wrapper = relevance(norm.text, closed is not None, trigger_hit=any(self.sig.has_strong[i] for i in sig_ids))
+        score, wrapper = relevance(
+            norm.text, closed is not None, trigger_hit=any(self.sig.has_strong[i] for i in sig_ids)
+        )
         if score:
             wrapper = wrapper or self.summary.in_entry  # torchrun's summary repeats what a rank printed
             last = st.last_match
@@ -268,11 +278,21 @@ class LineProcessor:
             if key is not None and not tied:
                 st.recent.append((lineno, key, chain))
 
-    def _add(self, matches: Matches, ref: LineRef, time: Time | None, seq: tuple[int, int], tb: tuple[str, ...],
-             how: str = "", joined: LineRef | None = None) -> None:
+    def _add(
+        self,
+        matches: Matches,
+        ref: LineRef,
+        time: Time | None,
+        seq: tuple[int, int],
+        tb: tuple[str, ...],
+        how: str = "",
+        joined: LineRef | None = None,
+    ) -> None:
         for cand, values in matches:
             sig = cand.signature
-            self.col.add(Event(cand.code.code, sig.role.value, sig.confidence, values, ref, time, seq, tb, how, joined, sig))
+            self.col.add(
+                Event(cand.code.code, sig.role.value, sig.confidence, values, ref, time, seq, tb, how, joined, sig)
+            )
             if sig.role in (Role.ROOT_CAUSE, Role.CASCADE):
                 self.failed.append((cand.code.code, sig.role.value))
 
@@ -308,7 +328,9 @@ class LineProcessor:
         tb = st.closed_tb if 0 <= prev_line - st.closed_at <= 2 else ()
         texts = [prev.text] if prev.clean == prev.text else [prev.text, prev.clean]  # clean: the head alone
         ids = [i for i in self.sig.ids_in("\n".join(texts)) if self.sig.has_signature[i]]
-        found = _in_context(match_line(self.sig, ids, texts, cut=True, prose=prev_line <= PROSE_LINES), tb) if ids else []
+        found = (
+            _in_context(match_line(self.sig, ids, texts, cut=True, prose=prev_line <= PROSE_LINES), tb) if ids else []
+        )
         if not found:
             return
         ref = LineRef(self.source.name, prev_line, prev.clean, prev.rank, prev.host)
@@ -360,8 +382,9 @@ class LineProcessor:
 
     # -- tracebacks cut before their exception line ------------------------------------------
 
-    def _track_cut(self, st: StreamState, norm: NormLine, lineno: int, ids: set[int],
-                   closed: tuple[str, ...] | None) -> None:
+    def _track_cut(
+        self, st: StreamState, norm: NormLine, lineno: int, ids: set[int], closed: tuple[str, ...] | None
+    ) -> None:
         """Remember the open traceback's last source line when it holds a ``frames`` trigger; try it
         when the traceback ends without an exception line."""
         if closed is not None:
@@ -379,7 +402,7 @@ class LineProcessor:
             return
         st.cut = None
         tb = st.tb
-        if len(tb) >= 2 and tb[-1] == stripped and tb[-2].startswith("File \""):
+        if len(tb) >= 2 and tb[-1] == stripped and tb[-2].startswith('File "'):
             fids = tuple(i for i in ids if self.sig.has_frames[i])
             if fids:
                 st.cut = (norm, lineno, fids, tuple(tb))
@@ -422,8 +445,11 @@ class LineProcessor:
         if pos >= 0:
             # chained: after "During handling of the above exception..." / "The above exception was the
             # direct cause...", or DataLoader's re-raise ("Caught X in DataLoader worker" + "Original Traceback")
-            chained = st.chain is not None and 0 <= lineno - st.closed_at <= 8 and (
-                st.chain_marker_at >= st.closed_at or text.startswith("Original Traceback", max(0, pos - 9)))
+            chained = (
+                st.chain is not None
+                and 0 <= lineno - st.closed_at <= 8
+                and (st.chain_marker_at >= st.closed_at or text.startswith("Original Traceback", max(0, pos - 9)))
+            )
             if not chained:
                 self.chains += 1
                 st.chain = self.chains
@@ -439,8 +465,8 @@ class LineProcessor:
         if st.tb_lines > TB_MAX_LINES or lineno - st.tb_start > 20 * TB_MAX_LINES:
             st.tb = None
             return None
-        frame = not stripped or indent > st.tb_indent or stripped.startswith(("File \"", "^", "~", *_BOX))
-        if not frame and st.tb[-1].startswith("File \"") and not looks_like_exception_line(stripped):
+        frame = not stripped or indent > st.tb_indent or stripped.startswith(('File "', "^", "~", *_BOX))
+        if not frame and st.tb[-1].startswith('File "') and not looks_like_exception_line(stripped):
             frame = True  # the source line of a frame whose indentation a paste lost
         if frame:
             if stripped and not _CARETS_RE.fullmatch(stripped):
@@ -478,11 +504,13 @@ def _looks_cut(head: str, cont: str) -> bool:
     h, c = head.rstrip(), cont.strip()
     if not h or not c or (h[-1] in ".!?" and not (c[0].islower() or c[0] in "([{'\"/<`")):
         return False
-    return not (c.startswith(("File \"", TRACEBACK)) or _STARTS_RECORD.match(c))
+    return not (c.startswith(('File "', TRACEBACK)) or _STARTS_RECORD.match(c))
 
 
-_STARTS_RECORD = re.compile(r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning|Interrupt|Exit)\b|\[?rank\d+\]?:|\[[EWIF]\d"
-                            r"|frame #\d|Exception raised from ")
+_STARTS_RECORD = re.compile(
+    r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning|Interrupt|Exit)\b|\[?rank\d+\]?:|\[[EWIF]\d"
+    r"|frame #\d|Exception raised from "
+)
 """A line that starts a record of its own (an exception, another rank's line, a glog line), not a continuation."""
 
 
@@ -505,7 +533,7 @@ def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None
                 if seen > FAST_AFTER and src.size is None and scanner is sig.slow_scanner():
                     scanner = sig.scanner(None)
                 if seen - (block.end - block.start) < HEAD_BYTES:
-                    head = block.data[block.start:min(block.end, block.start + HEAD_BYTES)]
+                    head = block.data[block.start : min(block.end, block.start + HEAD_BYTES)]
                     col.head.append((src.name, line, head.decode("utf-8", "replace")))
                 window_left, n = _read_block(proc, scanner, repeats, block, line, window_left)
                 line += n
@@ -521,8 +549,9 @@ def read_all(sources: list[Source], sig: SignatureIndex, col: Collector) -> None
             col.scanner = scanner.name
 
 
-def _read_block(proc: LineProcessor, scanner: Scanner, repeats: RepeatFilter, block: Block, first_line: int,
-                window_left: int) -> tuple[int, int]:
+def _read_block(
+    proc: LineProcessor, scanner: Scanner, repeats: RepeatFilter, block: Block, first_line: int, window_left: int
+) -> tuple[int, int]:
     """Scan and walk the runs of ``block`` (its first line is number ``first_line``) that
     :class:`RepeatFilter` keeps; lines an open window covers are read even when their shape
     repeats. Returns the window bytes left after the block, and the block's newline count."""
@@ -563,5 +592,5 @@ def _read_block(proc: LineProcessor, scanner: Scanner, repeats: RepeatFilter, bl
         while k < len(covered) and covered[k][1] <= s:
             k += 1
         if (k == len(covered) or s < covered[k][0]) and shape in repeats.echo:
-            repeats.echoed(shape, proc.echo(data[s:min(e, s + MAX_LINE)], keys))
+            repeats.echoed(shape, proc.echo(data[s : min(e, s + MAX_LINE)], keys))
     return window_left, newlines

@@ -63,7 +63,7 @@ def _cut(segments: Sequence[Segment], start: int, end: int) -> list[Segment]:
     for text, style in segments:
         a, b = max(start, pos), min(end, pos + len(text))
         if a < b:
-            out.append((text[a - pos:b - pos], style))
+            out.append((text[a - pos : b - pos], style))
         pos += len(text)
     return out
 
@@ -91,7 +91,11 @@ class Writer:
         if "\n" in text:
             pos = 0
             for i, piece in enumerate(text.split("\n")):
-                self.line(_cut(segments, pos, pos + len(piece)), indent if i == 0 else (hang if hang is not None else indent), hang=hang)
+                self.line(
+                    _cut(segments, pos, pos + len(piece)),
+                    indent if i == 0 else (hang if hang is not None else indent),
+                    hang=hang,
+                )
                 pos += len(piece) + 1
             return
         hang = indent if hang is None else hang

@@ -83,18 +83,36 @@ def _diagnosis(g: Group, code: Code, first: Event) -> Diagnosis:
     evidence = [first.ref] + [e.ref for e in g.evidence if e.ref != first.ref]
     notes: list[str] = []
     if first.how == "cut-traceback":
-        notes.append("read from the last source line of a traceback cut before its exception line "
-                     f"({first.ref.location})")
+        notes.append(
+            f"read from the last source line of a traceback cut before its exception line ({first.ref.location})"
+        )
     if first.how == "cut-line":
-        notes.append(f"the line is cut short ({first.ref.location}): recognised from what it holds; values past the cut are unknown")
+        notes.append(
+            f"the line is cut short ({first.ref.location}): recognised from what it holds; values past the cut are unknown"
+        )
     if first.joined is not None:
-        notes.append(f"a wrapped line: joined with its continuation at {first.joined.location}, "
-                     "which has no rank prefix of its own")
+        notes.append(
+            f"a wrapped line: joined with its continuation at {first.joined.location}, "
+            "which has no rank prefix of its own"
+        )
     return Diagnosis(
-        code=code.code, name=code.name, family=code.family, role=g.role, confidence=g.confidence,
-        rank=first.ref.rank, host=first.ref.host, title=code.title, message=finding.message, fix=finding.fix,
-        evidence=evidence[:6], ranks=sorted(g.ranks), count=g.count, values=dict(first.values),
-        traceback=list(first.traceback), time=first.time[1] if first.time else None, notes=notes,
+        code=code.code,
+        name=code.name,
+        family=code.family,
+        role=g.role,
+        confidence=g.confidence,
+        rank=first.ref.rank,
+        host=first.ref.host,
+        title=code.title,
+        message=finding.message,
+        fix=finding.fix,
+        evidence=evidence[:6],
+        ranks=sorted(g.ranks),
+        count=g.count,
+        values=dict(first.values),
+        traceback=list(first.traceback),
+        time=first.time[1] if first.time else None,
+        notes=notes,
     )
 
 
@@ -125,13 +143,17 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
             d.explained_by = root_diag.code
             d.notes.append(f"a symptom: explained by {root_diag.code} on rank {_rank_text(root_diag.rank)}")
         else:
-            d.notes.append("a symptom of a failure elsewhere: no root cause was found in these logs; "
-                           "look at the rank that failed first (its own log may be missing)")
+            d.notes.append(
+                "a symptom of a failure elsewhere: no root cause was found in these logs; "
+                "look at the rank that failed first (its own log may be missing)"
+            )
         diagnoses.append(d)
 
     for g in sorted(by_role["confirmation"], key=lambda g: g.first.seq):
         d = _diagnosis(g, codes[g.code], g.first)
-        target = next((r for r in diagnoses if r.role == "root-cause" and _compatible(codes[r.code], codes[g.code])), None)
+        target = next(
+            (r for r in diagnoses if r.role == "root-cause" and _compatible(codes[r.code], codes[g.code])), None
+        )
         if target is not None:
             target.confidence = _boost(target.confidence, 0.5 * g.confidence)
             target.notes.append(f"confirmed by {g.code} ({g.count} line{'s' if g.count != 1 else ''})")
@@ -146,7 +168,9 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     if root_diag is None and hypotheses:
         lead = [d for d in diagnoses if d.role == "cascade"]
         rest = [d for d in diagnoses if d.role != "cascade"]
-        ranked = sorted(lead + hypotheses, key=lambda d: -(d.confidence * (CASCADE_AS_ANSWER if d.role == "cascade" else 1)))
+        ranked = sorted(
+            lead + hypotheses, key=lambda d: -(d.confidence * (CASCADE_AS_ANSWER if d.role == "cascade" else 1))
+        )
         diagnoses = ranked + rest
     else:
         diagnoses += hypotheses
@@ -187,10 +211,14 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
         if len(d.ranks) >= MAX_GROUP_RANKS:
             d.notes.append(f"seen on more ranks than the {MAX_GROUP_RANKS:,} listed")
     if col.cut_lines:
-        report.notes.append(f"{col.cut_lines} line(s) longer than 64 KiB were read as their first and last 32 KiB "
-                            "(a progress bar redrawn with \\r ends in what the terminal showed last)")
+        report.notes.append(
+            f"{col.cut_lines} line(s) longer than 64 KiB were read as their first and last 32 KiB "
+            "(a progress bar redrawn with \\r ends in what the terminal showed last)"
+        )
     if col.ranks_dropped:
-        report.notes.append(f"{col.ranks_dropped} events on ranks past the first {len(col.ranks)} are counted but not listed per rank")
+        report.notes.append(
+            f"{col.ranks_dropped} events on ranks past the first {len(col.ranks)} are counted but not listed per rank"
+        )
     return report
 
 
@@ -239,19 +267,34 @@ def _word_guess(col: Collector, codes: dict[str, Code]) -> Diagnosis | None:
             if len(evidence) < 3 and line.strip() and len(cues.tokens(line) & set(g.cues)) >= 2:
                 evidence.append(LineRef(name, first + i, line.strip()[:500]))
     places = {(e.file, e.line) for e in evidence}
-    evidence += [ref for ref, t in kept
-                 if len(evidence) < 3 and (ref.file, ref.line) not in places and cues.tokens(t) & set(g.cues)]
+    evidence += [
+        ref
+        for ref, t in kept
+        if len(evidence) < 3 and (ref.file, ref.line) not in places and cues.tokens(t) & set(g.cues)
+    ]
     values = dict.fromkeys(code.placeholders(), "?")
     finding = code.finding(Hit(values))
     confirm = next((s.confirm for s in code.signatures if s.confirm), "")
     return Diagnosis(
-        code=code.code, name=code.name, family=code.family, role="guess", confidence=g.confidence,
-        rank=None, host=None, title=code.title, message=f"If it is {code.title}: {code.meaning}",
-        fix=finding.fix, evidence=evidence,
-        count=0, notes=[f"no line was recognised: a guess from the words of the log ({', '.join(g.cues)}); "
-                        "treat it as a lead, not a diagnosis"],
-        confirm=confirm or f"find the failing line in the full log and run `torchdoctor explain` on it; "
-                           f"`torchdoctor codes {code.code}` shows what that failure prints",
+        code=code.code,
+        name=code.name,
+        family=code.family,
+        role="guess",
+        confidence=g.confidence,
+        rank=None,
+        host=None,
+        title=code.title,
+        message=f"If it is {code.title}: {code.meaning}",
+        fix=finding.fix,
+        evidence=evidence,
+        count=0,
+        notes=[
+            f"no line was recognised: a guess from the words of the log ({', '.join(g.cues)}); "
+            "treat it as a lead, not a diagnosis"
+        ],
+        confirm=confirm
+        or f"find the failing line in the full log and run `torchdoctor explain` on it; "
+        f"`torchdoctor codes {code.code}` shows what that failure prints",
     )
 
 
@@ -263,17 +306,30 @@ def _unmatched(col: Collector, named_cause: bool) -> list[UnmatchedError]:
     """The most relevant error lines no signature matched; with a named root cause, only those it
     does not explain (not next to a matched line, not a launcher's "process died" wrapper)."""
     items = col.unmatched.ranked(named_cause)[:SHOW_UNMATCHED]
-    return [UnmatchedError(ref=u.ref, score=u.score, count=u.count, ranks=sorted(u.ranks), traceback=list(u.traceback))
-            for u in items]
+    return [
+        UnmatchedError(ref=u.ref, score=u.score, count=u.count, ranks=sorted(u.ranks), traceback=list(u.traceback))
+        for u in items
+    ]
 
 
 def _first_failure(
-    root: Diagnosis | None, elastic: RankFailure | None, unmatched: list[UnmatchedError], diagnoses: list[Diagnosis],
+    root: Diagnosis | None,
+    elastic: RankFailure | None,
+    unmatched: list[UnmatchedError],
+    diagnoses: list[Diagnosis],
 ) -> dict[str, Any] | None:
     if root is not None:
         ref: LineRef = root.evidence[0]
-        return {"source": "diagnosis", "code": root.code, "rank": ref.rank, "host": ref.host or root.host, "file": ref.file,
-                "line": ref.line, "time": root.time, "text": ref.text[:500]}
+        return {
+            "source": "diagnosis",
+            "code": root.code,
+            "rank": ref.rank,
+            "host": ref.host or root.host,
+            "file": ref.file,
+            "line": ref.line,
+            "time": root.time,
+            "text": ref.text[:500],
+        }
     if elastic is not None:
         out = {"source": "torchrun-summary", "code": None, **elastic.to_dict()}
         out["text"] = out.pop("message")
@@ -281,8 +337,16 @@ def _first_failure(
         return out
     top = next((u for u in unmatched if u.score >= 3), None)
     if top is not None:
-        return {"source": "unmatched-error", "code": None, "rank": top.ref.rank, "host": top.ref.host,
-                "file": top.ref.file, "line": top.ref.line, "time": None, "text": top.ref.text[:500]}
+        return {
+            "source": "unmatched-error",
+            "code": None,
+            "rank": top.ref.rank,
+            "host": top.ref.host,
+            "file": top.ref.file,
+            "line": top.ref.line,
+            "time": None,
+            "text": top.ref.text[:500],
+        }
     return None
 
 
@@ -300,7 +364,9 @@ def _ranks(col: Collector, failures: list[RankFailure]) -> dict[int, dict[str, A
     for f in failures:
         if f.rank is None:
             continue
-        entry = out.setdefault(f.rank, {"host": None, "codes": {}, "first": None, "timeline": [], "exitcode": None, "signal": None})
+        entry = out.setdefault(
+            f.rank, {"host": None, "codes": {}, "first": None, "timeline": [], "exitcode": None, "signal": None}
+        )
         entry["host"] = entry["host"] or f.host
         entry["exitcode"] = f.exitcode
         entry["signal"] = signal_name(f.exitcode)
@@ -310,8 +376,14 @@ def _ranks(col: Collector, failures: list[RankFailure]) -> dict[int, dict[str, A
 
 
 def _event_dict(e: Event) -> dict[str, Any]:
-    return {"code": e.code, "role": e.role, "file": e.ref.file, "line": e.ref.line,
-            "time": e.time[1] if e.time else None, "text": e.ref.text[:300]}
+    return {
+        "code": e.code,
+        "role": e.role,
+        "file": e.ref.file,
+        "line": e.ref.line,
+        "time": e.time[1] if e.time else None,
+        "text": e.ref.text[:300],
+    }
 
 
 def _timeline_key(e: Event) -> Any:

@@ -247,7 +247,9 @@ class Facts:
                 f"{_RECORD_HINT}"
             ) from None
         except _NotJSON as exc:
-            raise FactsFileError(f"facts file {name!r} holds {exc}, which is not a JSON value; {_RECORD_HINT}") from None
+            raise FactsFileError(
+                f"facts file {name!r} holds {exc}, which is not a JSON value; {_RECORD_HINT}"
+            ) from None
         except RecursionError:
             raise FactsFileError(
                 f"facts file {name!r} nests JSON arrays or objects too deeply to read (a facts snapshot nests a "
@@ -298,8 +300,10 @@ def _size(fh: Any) -> int | None:
 
 def _too_large(name: str, size: int | None, cap: int) -> str:
     what = f"is {size / 2**20:.1f} MiB" if size is not None else "is larger than that"
-    return (f"facts file {name!r} {what}; a facts snapshot is at most {cap // 2**20} MiB (a recorded machine is "
-            f"usually under 1 MiB): pass the file `torchdoctor facts --format json` wrote")
+    return (
+        f"facts file {name!r} {what}; a facts snapshot is at most {cap // 2**20} MiB (a recorded machine is "
+        f"usually under 1 MiB): pass the file `torchdoctor facts --format json` wrote"
+    )
 
 
 Gatherer = Callable[[GatherContext], dict[str, Any]]
@@ -387,9 +391,10 @@ def _conform(ctx: GatherContext, name: str, section: Any) -> Any:
     fixed = schema.repair(section, problems)
     _, again = schema.parse_section(name, fixed, complete=True)
     for prob in problems:
-        ctx.unknown(schema.path_text(prob.path),
-                    f"torchdoctor bug: the {name} gatherer wrote a value outside the facts schema ({prob.message}); "
-                    "left out")
+        ctx.unknown(
+            schema.path_text(prob.path),
+            f"torchdoctor bug: the {name} gatherer wrote a value outside the facts schema ({prob.message}); left out",
+        )
     if again:
         ctx.unknown(name, f"torchdoctor bug: the {name} gatherer's facts do not fit the facts schema ({again[0]})")
         return None

@@ -98,7 +98,9 @@ def parse_cgroup_mounts(mountinfo: str) -> list[CgroupMount]:
         version = 2 if fstype == "cgroup2" else 1
         # v1 super options name the controllers of the hierarchy: "rw,cpu,cpuacct", "rw,xattr,name=systemd"
         super_opts = parts[sep + 3].split(",") if version == 1 and len(parts) > sep + 3 else []
-        controllers = frozenset(o for o in super_opts if o.startswith("name=") or ("=" not in o and o not in ("rw", "ro")))
+        controllers = frozenset(
+            o for o in super_opts if o.startswith("name=") or ("=" not in o and o not in ("rw", "ro"))
+        )
         mounts.append(CgroupMount(_unescape(parts[3]), _unescape(parts[4]), version, controllers))
     return mounts
 
@@ -112,7 +114,7 @@ def _resolve(mount: CgroupMount, path: str) -> str:
     """The directory of cgroup ``path`` under a mount of (part of) its hierarchy."""
     root = mount.root.rstrip("/")
     if path == mount.root or (root and path.startswith(root + "/")):
-        return posixpath.normpath(mount.mount_point + path[len(root):])
+        return posixpath.normpath(mount.mount_point + path[len(root) :])
     if not root:
         return posixpath.normpath(mount.mount_point + path)
     return mount.mount_point  # a container that mounts only its own cgroup at the mount point

@@ -26,8 +26,15 @@ from .context import GatherContext
 
 #: Variables that size native thread pools (OpenMP, MKL, OpenBLAS, numexpr, BLIS, Accelerate).
 THREAD_ENV = (
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-    "NUMEXPR_MAX_THREADS", "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "OMP_THREAD_LIMIT", "MKL_DYNAMIC",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "OMP_THREAD_LIMIT",
+    "MKL_DYNAMIC",
 )
 
 _CV2_PROBE = "import cv2; print(cv2.getNumThreads()); print(cv2.getNumberOfCPUs()); print(cv2.__version__)"
@@ -131,8 +138,13 @@ def cv2_threads(ctx: GatherContext) -> dict[str, Any]:
     if not res.ok or len(lines) < 3 or not lines[0].lstrip("-").isdigit():
         ctx.unknown("cpu.cv2.threads", res.error or f"cv2 probe failed: {res.stderr.strip()[-200:]}")
         return {"installed": True, "threads": None}
-    return {"installed": True, "threads": int(lines[0]), "cpus": int(lines[1]), "version": lines[2],
-            "source": f"{sys.executable} -c 'import cv2; cv2.getNumThreads()'"}
+    return {
+        "installed": True,
+        "threads": int(lines[0]),
+        "cpus": int(lines[1]),
+        "version": lines[2],
+        "source": f"{sys.executable} -c 'import cv2; cv2.getNumThreads()'",
+    }
 
 
 def gather(ctx: GatherContext) -> dict[str, Any]:
@@ -141,7 +153,9 @@ def gather(ctx: GatherContext) -> dict[str, Any]:
     affinity_list, affinity = _affinity(ctx)
     limits = cgroups.cpu_limits(ctx, cgroups.locate(ctx), record=False) or {}
     quota = limits.get("quota_cpus")
-    candidates = [(float(v), why) for v, why in ((logical, "logical"), (affinity, "affinity"), (quota, "cgroup-quota")) if v]
+    candidates = [
+        (float(v), why) for v, why in ((logical, "logical"), (affinity, "affinity"), (quota, "cgroup-quota")) if v
+    ]
     usable, limited_by = min(candidates, key=lambda c: c[0]) if candidates else (None, None)
     env = {name: ctx.env[name] for name in THREAD_ENV if name in ctx.env}
     machine = platform.machine()

@@ -22,29 +22,87 @@ from .context import GatherContext
 from .redact import is_secret_name, redact_argv, redact_text
 
 #: Variables torch's launchers set for every rank (torchrun sets all of them).
-TORCH_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                   "ROLE_RANK", "ROLE_WORLD_SIZE")
+TORCH_RANK_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+)
 #: What ``init_process_group(init_method="env://")`` reads (torch/distributed/rendezvous.py).
 ENV_REQUIRED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
-TORCHRUN_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
-SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS",
-              "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-              "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_STEP_NUM_NODES", "SLURM_NODEID",
-              "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_NODELIST", "SLURMD_NODENAME")
-MPI_VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE")
+TORCHRUN_VARS = (
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+)
+SLURM_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_NODEID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_STEP_NODELIST",
+    "SLURMD_NODENAME",
+)
+MPI_VARS = (
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+)
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
-OTHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "TORCH_DISTRIBUTED_DEBUG", "NCCL_DEBUG", "GLOO_SOCKET_IFNAME",
-              "TP_SOCKET_IFNAME")
+OTHER_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "NCCL_DEBUG",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+)
 _PREFIXES = ("NCCL_", "TORCH_NCCL_")
 
-INT_VARS = (*TORCH_RANK_VARS, "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-            "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NNODES",
-            "SLURM_JOB_NUM_NODES", "SLURM_STEP_NUM_NODES", "SLURM_NODEID", *MPI_VARS)
+INT_VARS = (
+    *TORCH_RANK_VARS,
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_LOCALID",
+    "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_NODEID",
+    *MPI_VARS,
+)
 #: Presence of any of these means "this process is (or is about to start) a distributed job".
-ACTIVE_VARS = (*TORCH_RANK_VARS, "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-               "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+ACTIVE_VARS = (
+    *TORCH_RANK_VARS,
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+)
 
 RESOLVE_TIMEOUT = 2.0
 _INT_RE = re.compile(r"\s*[+-]?\d+\s*")
@@ -84,6 +142,7 @@ def gather(ctx: GatherContext) -> dict[str, Any]:
 
 
 # -- environment ----------------------------------------------------------------------------------
+
 
 def _dist_env(ctx: GatherContext) -> dict[str, str]:
     """Every distributed-related variable that is set, raw (secret-looking names are left out)."""
@@ -134,6 +193,7 @@ def _launcher(env: dict[str, str], ints: dict[str, int]) -> dict[str, Any]:
 
 # -- MASTER_ADDR ----------------------------------------------------------------------------------
 
+
 def resolve(host: str, timeout: float = RESOLVE_TIMEOUT) -> dict[str, Any]:
     """``getaddrinfo(host)`` in a daemon thread, abandoned after ``timeout`` seconds."""
     box: dict[str, Any] = {}
@@ -152,8 +212,13 @@ def resolve(host: str, timeout: float = RESOLVE_TIMEOUT) -> dict[str, Any]:
     thread = threading.Thread(target=work, name="torchdoctor-resolve", daemon=True)
     thread.start()
     thread.join(timeout)
-    out: dict[str, Any] = {"addresses": box.get("addresses"), "error": box.get("error"), "errno": box.get("errno"),
-                           "timed_out": thread.is_alive(), "seconds": round(time.monotonic() - started, 3)}
+    out: dict[str, Any] = {
+        "addresses": box.get("addresses"),
+        "error": box.get("error"),
+        "errno": box.get("errno"),
+        "timed_out": thread.is_alive(),
+        "seconds": round(time.monotonic() - started, 3),
+    }
     if out["timed_out"]:
         out["error"] = f"no answer within {timeout:g} s"
     return out
@@ -193,7 +258,10 @@ def _is_loopback(addr: str) -> bool:
 
 # -- MASTER_PORT ----------------------------------------------------------------------------------
 
-def _store(ctx: GatherContext, port: int, rank: tuple[str, int] | None, master: dict[str, Any] | None) -> dict[str, Any]:
+
+def _store(
+    ctx: GatherContext, port: int, rank: tuple[str, int] | None, master: dict[str, Any] | None
+) -> dict[str, Any]:
     """Would the rendezvous store be able to listen on ``port`` here? Bound and released at once.
 
     Only the process that will open the store is tested: rank 0, or (before launch, no rank yet)
@@ -204,8 +272,15 @@ def _store(ctx: GatherContext, port: int, rank: tuple[str, int] | None, master: 
         this_host, why = rank[1] == 0, f"{rank[0]}={rank[1]}"
     else:
         this_host, why = master_local, "MASTER_ADDR is this host" if master_local else "MASTER_ADDR is another host"
-    out: dict[str, Any] = {"port": port, "this_host": this_host, "tested": False, "why": why,
-                           "bind": [], "in_use": None, "holder": None}
+    out: dict[str, Any] = {
+        "port": port,
+        "this_host": this_host,
+        "tested": False,
+        "why": why,
+        "bind": [],
+        "in_use": None,
+        "holder": None,
+    }
     if not out["this_host"]:
         return out
     addresses = ["::", "0.0.0.0"]  # TCPStore listens on the wildcard (dual-stack '::' first)
@@ -265,8 +340,16 @@ def port_holder(ctx: GatherContext, port: int) -> dict[str, Any] | None:
         ctx.unknown("dist.store.holder", f"no socket on port {port} is visible to this user")
         return None
     conn = mine[0]
-    holder: dict[str, Any] = {"pid": conn.pid, "status": conn.status, "address": f"{conn.laddr.ip}:{conn.laddr.port}",
-                              "name": None, "cmdline": None, "user": None, "is_self": False, "is_ancestor": False}
+    holder: dict[str, Any] = {
+        "pid": conn.pid,
+        "status": conn.status,
+        "address": f"{conn.laddr.ip}:{conn.laddr.port}",
+        "name": None,
+        "cmdline": None,
+        "user": None,
+        "is_self": False,
+        "is_ancestor": False,
+    }
     if conn.pid is None:
         ctx.unknown("dist.store.holder.pid", "the socket's owner is not visible to this user (needs root)")
         return holder
@@ -283,6 +366,7 @@ def port_holder(ctx: GatherContext, port: int) -> dict[str, Any] | None:
 
 
 # -- interfaces -----------------------------------------------------------------------------------
+
 
 def _interfaces(ctx: GatherContext) -> dict[str, Any] | None:
     """Network interfaces of this host: their IPv4/IPv6 addresses and whether they are up."""

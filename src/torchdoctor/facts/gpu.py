@@ -22,15 +22,16 @@ HIDE_ALL = ("", "-1", "NoDevFiles")
 
 _NVML_REASONS = {
     "NVMLError_LibraryNotFound": "the NVIDIA driver library libnvidia-ml.so.1 is not installed (no NVIDIA driver on this "
-                                 "host, or a container started without GPU support)",
+    "host, or a container started without GPU support)",
     "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
     "NVMLError_NoPermission": "no permission to open the NVIDIA device files (/dev/nvidia*)",
     "NVMLError_LibRmVersionMismatch": "the NVIDIA driver library and the loaded kernel module have different versions "
-                                      "(driver upgraded without a reboot?)",
+    "(driver upgraded without a reboot?)",
 }
 
 
 # -- CUDA_VISIBLE_DEVICES ---------------------------------------------------------------------
+
 
 def _match_uuid(text: str, devices: list[dict[str, Any]]) -> tuple[int | None, str]:
     """Physical index of the only GPU whose UUID starts with ``text`` (CUDA accepts unique prefixes)."""
@@ -80,7 +81,9 @@ def _classify(text: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
     return entry
 
 
-def resolve_visible(value: str | None, devices: list[dict[str, Any]], device_order: str | None = None) -> dict[str, Any]:
+def resolve_visible(
+    value: str | None, devices: list[dict[str, Any]], device_order: str | None = None
+) -> dict[str, Any]:
     """What CUDA will enumerate for a CUDA_VISIBLE_DEVICES value, given NVML's devices (real UUIDs).
 
     CUDA's rules: entries are indices, UUIDs (or unique UUID prefixes) or MIG identifiers, in the
@@ -88,9 +91,16 @@ def resolve_visible(value: str | None, devices: list[dict[str, Any]], device_ord
     Never raises, whatever the value.
     """
     out: dict[str, Any] = {
-        "env_set": value is not None, "value": value, "entries": [], "hides_all": False,
-        "visible_indices": [d["index"] for d in devices], "count": len(devices),
-        "invalid": [], "ignored": [], "duplicates": [], "device_order": device_order,
+        "env_set": value is not None,
+        "value": value,
+        "entries": [],
+        "hides_all": False,
+        "visible_indices": [d["index"] for d in devices],
+        "count": len(devices),
+        "invalid": [],
+        "ignored": [],
+        "duplicates": [],
+        "device_order": device_order,
     }
     if value is None:
         return out
@@ -124,6 +134,7 @@ def resolve_visible(value: str | None, devices: list[dict[str, Any]], device_ord
 
 def anonymise_visible(visible: dict[str, Any]) -> dict[str, Any]:
     """The same record with UUIDs in CUDA_VISIBLE_DEVICES replaced by stable stand-ins."""
+
     def hide(text: str) -> str:
         upper = text.upper()
         return anonymise(text) if upper.startswith(("GPU-", "MIG-")) else text
@@ -138,6 +149,7 @@ def anonymise_visible(visible: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- NVML ---------------------------------------------------------------------------------------
+
 
 def _decode(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
@@ -156,11 +168,17 @@ def _nvml_processes(nvml: Any, handle: Any) -> list[dict[str, Any]]:
     for kind, fn in (("C", "nvmlDeviceGetComputeRunningProcesses"), ("G", "nvmlDeviceGetGraphicsRunningProcesses")):
         for proc in _call(nvml, fn, handle) or []:
             used = getattr(proc, "usedGpuMemory", None)
-            rec = by_pid.setdefault(int(proc.pid), {
-                "pid": int(proc.pid), "type": kind, "name": None,
-                "used_memory_bytes": int(used) if isinstance(used, int) else None,
-                "gpu_instance_id": None, "compute_instance_id": None,
-            })
+            rec = by_pid.setdefault(
+                int(proc.pid),
+                {
+                    "pid": int(proc.pid),
+                    "type": kind,
+                    "name": None,
+                    "used_memory_bytes": int(used) if isinstance(used, int) else None,
+                    "gpu_instance_id": None,
+                    "compute_instance_id": None,
+                },
+            )
             if rec["type"] != kind:
                 rec["type"] = "C+G"
             gi = getattr(proc, "gpuInstanceId", None)
@@ -181,12 +199,16 @@ def _nvml_mig(nvml: Any, handle: Any) -> dict[str, Any]:
             if mig is None:
                 continue
             mem = _call(nvml, "nvmlDeviceGetMemoryInfo", mig)
-            devices.append({
-                "index": i, "uuid": _call(nvml, "nvmlDeviceGetUUID", mig),
-                "gpu_instance_id": _call(nvml, "nvmlDeviceGetGpuInstanceId", mig),
-                "compute_instance_id": _call(nvml, "nvmlDeviceGetComputeInstanceId", mig),
-                "memory_total_bytes": getattr(mem, "total", None), "memory_used_bytes": getattr(mem, "used", None),
-            })
+            devices.append(
+                {
+                    "index": i,
+                    "uuid": _call(nvml, "nvmlDeviceGetUUID", mig),
+                    "gpu_instance_id": _call(nvml, "nvmlDeviceGetGpuInstanceId", mig),
+                    "compute_instance_id": _call(nvml, "nvmlDeviceGetComputeInstanceId", mig),
+                    "memory_total_bytes": getattr(mem, "total", None),
+                    "memory_used_bytes": getattr(mem, "used", None),
+                }
+            )
     return {"current": names.get(current), "pending": names.get(pending), "devices": devices}
 
 
@@ -205,14 +227,19 @@ def nvml_device(nvml: Any, index: int) -> dict[str, Any]:
         "uuid": _call(nvml, "nvmlDeviceGetUUID", h),
         "pci_bus_id": _decode(getattr(pci, "busId", None)),
         "minor_number": _call(nvml, "nvmlDeviceGetMinorNumber", h),
-        "memory": {"total_bytes": getattr(mem, "total", None), "used_bytes": getattr(mem, "used", None),
-                   "free_bytes": getattr(mem, "free", None)},
+        "memory": {
+            "total_bytes": getattr(mem, "total", None),
+            "used_bytes": getattr(mem, "used", None),
+            "free_bytes": getattr(mem, "free", None),
+        },
         "utilization": {"gpu_percent": getattr(util, "gpu", None), "memory_percent": getattr(util, "memory", None)},
         "compute_mode": COMPUTE_MODES.get(mode) if isinstance(mode, int) else None,
         "persistence_mode": None if persistence is None else bool(persistence),
         "mig": _nvml_mig(nvml, h),
-        "ecc": {"enabled": None if ecc is None else bool(ecc),
-                "volatile_uncorrected": _call(nvml, "nvmlDeviceGetTotalEccErrors", h, 1, 0) if ecc else None},
+        "ecc": {
+            "enabled": None if ecc is None else bool(ecc),
+            "volatile_uncorrected": _call(nvml, "nvmlDeviceGetTotalEccErrors", h, 1, 0) if ecc else None,
+        },
         "processes": _nvml_processes(nvml, h),
     }
 
@@ -242,6 +269,7 @@ def _nvml_reason(exc: BaseException) -> str:
 
 # -- the section ---------------------------------------------------------------------------------
 
+
 def _name_processes(devices: list[dict[str, Any]]) -> None:
     """Fill in process names NVML does not give, for the processes this PID namespace can see."""
     procs = [p for d in devices for p in d["processes"] if not p.get("name")]
@@ -256,8 +284,13 @@ def _name_processes(devices: list[dict[str, Any]]) -> None:
             proc["name"] = None
 
 
-def build_section(report: dict[str, Any] | None, source: str | None, reason: str | None,
-                  env: Mapping[str, str], show_uuids: bool = False) -> dict[str, Any]:
+def build_section(
+    report: dict[str, Any] | None,
+    source: str | None,
+    reason: str | None,
+    env: Mapping[str, str],
+    show_uuids: bool = False,
+) -> dict[str, Any]:
     """The ``gpu`` facts section from a parsed report (NVML or nvidia-smi), or from a failure."""
     devices = list(report["devices"]) if report else []
     visible = resolve_visible(env.get("CUDA_VISIBLE_DEVICES"), devices, env.get("CUDA_DEVICE_ORDER"))

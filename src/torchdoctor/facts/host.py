@@ -31,7 +31,12 @@ def detect_container(ctx: GatherContext) -> dict[str, Any]:
         signs.append("KUBERNETES_SERVICE_HOST is set")
         kind = "kubernetes"
     cgroup = ctx.read_text("/proc/1/cgroup") or ""
-    for marker, name in (("kubepods", "kubernetes"), ("docker", "docker"), ("containerd", "containerd"), ("lxc", "lxc")):
+    for marker, name in (
+        ("kubepods", "kubernetes"),
+        ("docker", "docker"),
+        ("containerd", "containerd"),
+        ("lxc", "lxc"),
+    ):
         if marker in cgroup:
             signs.append(f"/proc/1/cgroup mentions {marker}")
             kind = kind or name

@@ -94,7 +94,7 @@ def parse_proc_limits(text: str) -> dict[str, dict[str, Any]]:
         for title, key in titles.items():
             if not line.startswith(title + " "):
                 continue
-            fields = line[len(title):].split()
+            fields = line[len(title) :].split()
             if len(fields) < 2:
                 continue
             try:
@@ -119,8 +119,9 @@ def _replayed_rlimits(ctx: GatherContext) -> dict[str, Any]:
 def _sysctls(ctx: GatherContext) -> dict[str, dict[str, int | None]]:
     out: dict[str, dict[str, int | None]] = {}
     for group, names in SYSCTLS.items():
-        out[group] = {name: ctx.read_int(f"/proc/sys/{group}/{name}", fact=f"limits.sysctl.{group}.{name}")
-                      for name in names}
+        out[group] = {
+            name: ctx.read_int(f"/proc/sys/{group}/{name}", fact=f"limits.sysctl.{group}.{name}") for name in names
+        }
     return out
 
 

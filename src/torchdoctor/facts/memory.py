@@ -25,6 +25,7 @@ _MEMINFO = {
     "Committed_AS": "committed_bytes",
 }
 
+
 def parse_meminfo(text: str) -> dict[str, int]:
     """``/proc/meminfo`` as key → bytes (``MemTotal:  24684084 kB`` → 25276502016)."""
     out: dict[str, int] = {}

@@ -26,7 +26,12 @@ class Mount:
         return None
 
     def to_dict(self) -> dict[str, object]:
-        return {"mount_point": self.mount_point, "fstype": self.fstype, "source": self.source, "options": list(self.options)}
+        return {
+            "mount_point": self.mount_point,
+            "fstype": self.fstype,
+            "source": self.source,
+            "options": list(self.options),
+        }
 
 
 def _unescape(field: str) -> str:

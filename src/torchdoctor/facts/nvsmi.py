@@ -71,14 +71,16 @@ def _processes(gpu: ET.Element) -> list[dict[str, Any]]:
         pid = _int(_text(proc, "pid"))
         if pid is None:
             continue
-        out.append({
-            "pid": pid,
-            "type": _text(proc, "type"),
-            "name": _text(proc, "process_name"),
-            "used_memory_bytes": _mib(_text(proc, "used_memory")),
-            "gpu_instance_id": _int(_text(proc, "gpu_instance_id")),
-            "compute_instance_id": _int(_text(proc, "compute_instance_id")),
-        })
+        out.append(
+            {
+                "pid": pid,
+                "type": _text(proc, "type"),
+                "name": _text(proc, "process_name"),
+                "used_memory_bytes": _mib(_text(proc, "used_memory")),
+                "gpu_instance_id": _int(_text(proc, "gpu_instance_id")),
+                "compute_instance_id": _int(_text(proc, "compute_instance_id")),
+            }
+        )
     return out
 
 
@@ -103,15 +105,21 @@ def _mig(gpu: ET.Element) -> dict[str, Any]:
     devices = []
     for dev in gpu.findall("mig_devices/mig_device"):
         mem = _memory(dev.find("fb_memory_usage"))
-        devices.append({
-            "index": _int(_text(dev, "index")),
-            "uuid": None,  # nvidia-smi -q -x does not print MIG device UUIDs; NVML does
-            "gpu_instance_id": _int(_text(dev, "gpu_instance_id")),
-            "compute_instance_id": _int(_text(dev, "compute_instance_id")),
-            "memory_total_bytes": mem["total_bytes"],
-            "memory_used_bytes": mem["used_bytes"],
-        })
-    return {"current": _text(gpu, "mig_mode/current_mig"), "pending": _text(gpu, "mig_mode/pending_mig"), "devices": devices}
+        devices.append(
+            {
+                "index": _int(_text(dev, "index")),
+                "uuid": None,  # nvidia-smi -q -x does not print MIG device UUIDs; NVML does
+                "gpu_instance_id": _int(_text(dev, "gpu_instance_id")),
+                "compute_instance_id": _int(_text(dev, "compute_instance_id")),
+                "memory_total_bytes": mem["total_bytes"],
+                "memory_used_bytes": mem["used_bytes"],
+            }
+        )
+    return {
+        "current": _text(gpu, "mig_mode/current_mig"),
+        "pending": _text(gpu, "mig_mode/pending_mig"),
+        "devices": devices,
+    }
 
 
 def parse_device(gpu: ET.Element, index: int) -> dict[str, Any]:
@@ -133,7 +141,10 @@ def parse_device(gpu: ET.Element, index: int) -> dict[str, Any]:
         "compute_mode": _text(gpu, "compute_mode"),
         "persistence_mode": _enabled(_text(gpu, "persistence_mode")),
         "mig": _mig(gpu),
-        "ecc": {"enabled": _enabled(_text(gpu, "ecc_mode/current_ecc")), "volatile_uncorrected": _volatile_uncorrected(gpu)},
+        "ecc": {
+            "enabled": _enabled(_text(gpu, "ecc_mode/current_ecc")),
+            "volatile_uncorrected": _volatile_uncorrected(gpu),
+        },
         "processes": _processes(gpu),
     }
 

@@ -26,10 +26,30 @@ from .mounts import Mount, mount_for, parse_mountinfo
 PROBE_PREFIX = ".torchdoctor-write-test-"
 
 #: File systems whose data lives on (or is coordinated by) other machines.
-NETWORK_FS = frozenset({
-    "nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "gpfs", "beegfs", "9p", "ceph", "afs", "panfs",
-    "orangefs", "pvfs2", "wekafs", "glusterfs", "virtiofs", "gfs2", "ocfs2", "davfs",
-})
+NETWORK_FS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "lustre",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "gpfs",
+        "beegfs",
+        "9p",
+        "ceph",
+        "afs",
+        "panfs",
+        "orangefs",
+        "pvfs2",
+        "wekafs",
+        "glusterfs",
+        "virtiofs",
+        "gfs2",
+        "ocfs2",
+        "davfs",
+    }
+)
 #: Union file systems: a container's writable layer.
 OVERLAY_FS = frozenset({"overlay", "aufs", "fuse.fuse-overlayfs"})
 #: Memory-backed file systems.
@@ -163,9 +183,20 @@ def examine(ctx: GatherContext, raw: str, index: int, mounts: list[Mount] | None
     abspath = os.path.abspath(raw)
     local = ctx.path(abspath)
     entry: dict[str, Any] = {
-        "path": raw, "abspath": abspath, "exists": None, "is_dir": None, "is_symlink": os.path.islink(local),
-        "writable": None, "creatable": None, "nearest_existing": None, "missing_levels": 0,
-        "write_test": None, "owner": None, "stat_error": None, "fs": None, "timed_out": False,
+        "path": raw,
+        "abspath": abspath,
+        "exists": None,
+        "is_dir": None,
+        "is_symlink": os.path.islink(local),
+        "writable": None,
+        "creatable": None,
+        "nearest_existing": None,
+        "missing_levels": 0,
+        "write_test": None,
+        "owner": None,
+        "stat_error": None,
+        "fs": None,
+        "timed_out": False,
     }
     try:
         st = os.stat(local)
@@ -210,9 +241,20 @@ def examine(ctx: GatherContext, raw: str, index: int, mounts: list[Mount] | None
 
 def _timed_out(raw: str, seconds: float) -> dict[str, Any]:
     return {
-        "path": raw, "abspath": os.path.abspath(raw), "timed_out": True, "timeout_seconds": round(seconds, 2),
-        "exists": None, "is_dir": None, "writable": None, "creatable": None, "write_test": None, "fs": None,
-        "mount": None, "fstype": None, "fs_kind": None, "mount_read_only": None,
+        "path": raw,
+        "abspath": os.path.abspath(raw),
+        "timed_out": True,
+        "timeout_seconds": round(seconds, 2),
+        "exists": None,
+        "is_dir": None,
+        "writable": None,
+        "creatable": None,
+        "write_test": None,
+        "fs": None,
+        "mount": None,
+        "fstype": None,
+        "fs_kind": None,
+        "mount_read_only": None,
     }
 
 
@@ -234,8 +276,10 @@ def gather(ctx: GatherContext) -> dict[str, Any]:
 
     budget = max(0.5, ctx.section_timeout * 0.75)  # finish inside the section's own timeout
     started = time.monotonic()
-    threads = [threading.Thread(target=work, args=(i, raw), name=f"torchdoctor-path-{i}", daemon=True)
-               for i, raw in enumerate(ctx.paths)]
+    threads = [
+        threading.Thread(target=work, args=(i, raw), name=f"torchdoctor-path-{i}", daemon=True)
+        for i, raw in enumerate(ctx.paths)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -32,23 +32,76 @@ from collections.abc import Mapping, Sequence
 REDACTED = "<redacted>"
 
 #: Words that make a name secret when they are one of its words (``DB_PASSWORD``, ``apiKey``).
-SECRET_WORDS = frozenset({
-    "TOKEN", "KEY", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS", "PASSPHRASE",
-    "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "AUTHORIZATION", "COOKIE", "COOKIES", "JWT", "WEBHOOK",
-    "DSN", "APIKEY",
-})
+SECRET_WORDS = frozenset(
+    {
+        "TOKEN",
+        "KEY",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWORDS",
+        "PASSWD",
+        "PASS",
+        "PASSPHRASE",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "CREDS",
+        "AUTH",
+        "AUTHORIZATION",
+        "COOKIE",
+        "COOKIES",
+        "JWT",
+        "WEBHOOK",
+        "DSN",
+        "APIKEY",
+    }
+)
 #: ... or the end of one of its words, glued (``PGPASSWORD``, ``HFTOKEN``, ``APIKEY``; not ``MONKEY``).
-SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "ACCESSKEY", "SECRETKEY",
-                   "PRIVATEKEY", "ACCOUNTKEY", "AUTHKEY", "CREDENTIAL", "CREDENTIALS", "COOKIE", "WEBHOOK",
-                   "CONNECTIONSTRING", "CONNSTR")
+SECRET_SUFFIXES = (
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "APIKEY",
+    "ACCESSKEY",
+    "SECRETKEY",
+    "PRIVATEKEY",
+    "ACCOUNTKEY",
+    "AUTHKEY",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "COOKIE",
+    "WEBHOOK",
+    "CONNECTIONSTRING",
+    "CONNSTR",
+)
 #: Runs of words that together name a secret (``AZURE_STORAGE_CONNECTION_STRING``).
 SECRET_PHRASES = (("CONNECTION", "STRING"), ("CONN", "STR"))
 #: Query-parameter and pair names that hold a signature (Azure SAS ``sig=``, S3 ``X-Amz-Signature=``).
 SECRET_PARAMS = frozenset({"SIG", "SIGNATURE", "SAS"})
 #: Words before ``KEY`` that make it a credential for sure (``API_KEY``, ``AccountKey``); without one,
 #: a ``key`` in free text is as likely code (``sort_key=``, ``dispatch_key=``): see :func:`redact_text`.
-KEY_QUALIFIERS = frozenset({"API", "ACCESS", "SECRET", "PRIVATE", "ACCOUNT", "AUTH", "CLIENT", "SIGNING",
-                            "ENCRYPTION", "MASTER", "LICENSE", "SERVICE", "SUBSCRIPTION", "SSH", "GPG", "PGP"})
+KEY_QUALIFIERS = frozenset(
+    {
+        "API",
+        "ACCESS",
+        "SECRET",
+        "PRIVATE",
+        "ACCOUNT",
+        "AUTH",
+        "CLIENT",
+        "SIGNING",
+        "ENCRYPTION",
+        "MASTER",
+        "LICENSE",
+        "SERVICE",
+        "SUBSCRIPTION",
+        "SSH",
+        "GPG",
+        "PGP",
+    }
+)
 
 _SPLIT = re.compile(r"[^A-Za-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -72,9 +125,12 @@ def _strength(words: list[str]) -> tuple[bool, bool]:
     for i, word in enumerate(words):
         if (word == "KEY" and not (i and words[i - 1] in KEY_QUALIFIERS)) or (word == "PASS" and i != len(words) - 1):
             weak = True
-        elif (word in SECRET_WORDS or word.endswith(SECRET_SUFFIXES)
-              or (word == "PWD" and len(words) > 1)  # MYSQL_PWD, DB_PWD; PWD alone is the working directory
-              or any(tuple(words[i:i + len(p)]) == p for p in SECRET_PHRASES)):
+        elif (
+            word in SECRET_WORDS
+            or word.endswith(SECRET_SUFFIXES)
+            or (word == "PWD" and len(words) > 1)  # MYSQL_PWD, DB_PWD; PWD alone is the working directory
+            or any(tuple(words[i : i + len(p)]) == p for p in SECRET_PHRASES)
+        ):
             strong = True
     return strong, weak
 
@@ -110,37 +166,54 @@ TOKEN_FORMATS = (
     r"eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*",  # JWT: header.payload.signature
 )
 _TOKENS = re.compile("|".join(TOKEN_FORMATS))
-_WEBHOOKS = re.compile(r"(?P<keep>hooks\.slack\.com/(?:services|workflows|triggers)/|"
-                       r"discord(?:app)?\.com/api/webhooks/)[A-Za-z0-9/_-]+", re.IGNORECASE)
+_WEBHOOKS = re.compile(
+    r"(?P<keep>hooks\.slack\.com/(?:services|workflows|triggers)/|"
+    r"discord(?:app)?\.com/api/webhooks/)[A-Za-z0-9/_-]+",
+    re.IGNORECASE,
+)
 #: ``Bearer <token>``: not the key of a pair (``password=...``, left to the rules below).
 _BEARER = re.compile(r"(?P<keep>\b[Bb]earer\s+)(?P<val>[A-Za-z0-9._~+/-]{8,}=*)(?![A-Za-z0-9=])")
 #: ``scheme://user:pw@host``: up to the last ``@`` before the path, so a raw ``@`` in the password goes too.
-_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]{0,30}://)(?P<userinfo>[^/?#\s<>]{1,256})@")
+_URL_USERINFO = re.compile(
+    r"(?<![A-Za-z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]{0,30}://)(?P<userinfo>[^/?#\s<>]{1,256})@"
+)
 #: HTTP headers that carry credentials whole: everything after the colon goes.
-_AUTH_HEADER = re.compile(r"(?P<keep>\b(?:proxy-)?authorization\s*:\s*|\b(?:set-)?cookie\s*:\s*)(?P<val>[^\s\"'<>][^\r\n\"'<>]*)",
-                          re.IGNORECASE)
+_AUTH_HEADER = re.compile(
+    r"(?P<keep>\b(?:proxy-)?authorization\s*:\s*|\b(?:set-)?cookie\s*:\s*)(?P<val>[^\s\"'<>][^\r\n\"'<>]*)",
+    re.IGNORECASE,
+)
 # Keyed forms: a key (and its separator), then, only when the key is secret, its value. Each is a
 # pair of patterns, so that the value of a key that is no secret is never read (the search goes on
 # right after its separator, in linear time, and finds ``password=x`` inside ``A=0(password=x``).
 _QUOTED_VALUE = r""""[^"\n]*"|'[^'\n]*'"""
 #: ``X-Api-Key: v``: a header-like (dashed) secret name, a colon, a space, a value (NCCL's
 #: ``host-name:pid:tid`` has no space).
-_DASHED_HEADER = (re.compile(r"(?<![\w.-])(?P<key>[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)[ \t]*:[ \t]+"),
-                  re.compile(r"[^\s\"',;<>]+"))
+_DASHED_HEADER = (
+    re.compile(r"(?<![\w.-])(?P<key>[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)[ \t]*:[ \t]+"),
+    re.compile(r"[^\s\"',;<>]+"),
+)
 #: ``  password: v`` alone on a line (YAML, a printed Hydra/OmegaConf config): lowercase keys only,
 #: so ``KeyError: ...``, ``Invalid token: ...`` and ``token: str or None`` are left alone.
-_YAML_PAIR = (re.compile(r"(?m)^[ \t]*(?:-[ \t]+)?(?P<key>[a-z_][a-z0-9_.-]{0,63})[ \t]*:[ \t]+"),
-              re.compile(rf"""(?m)(?:{_QUOTED_VALUE}|[^\s"'<>(\[]+)(?=[ \t]*$|[ \t]+\#.*$)"""))
+_YAML_PAIR = (
+    re.compile(r"(?m)^[ \t]*(?:-[ \t]+)?(?P<key>[a-z_][a-z0-9_.-]{0,63})[ \t]*:[ \t]+"),
+    re.compile(rf"""(?m)(?:{_QUOTED_VALUE}|[^\s"'<>(\[]+)(?=[ \t]*$|[ \t]+\#.*$)"""),
+)
 #: ``"password": "v"`` / ``'api_key': 'v'`` (JSON, Python dict reprs; an unquoted value only when it
 #: is a single word, not ``Style(...)`` or ``[``).
-_QUOTED_PAIR = (re.compile(r"""(?P<q>["'])(?P<key>[A-Za-z_][\w.-]{0,63})(?P=q)\s*:\s*"""),
-                re.compile(rf"""{_QUOTED_VALUE}|(?=(?P<word>[^\s,;}}\]<>"'(\[]+))(?P=word)(?![(\[])"""))
+_QUOTED_PAIR = (
+    re.compile(r"""(?P<q>["'])(?P<key>[A-Za-z_][\w.-]{0,63})(?P=q)\s*:\s*"""),
+    re.compile(rf"""{_QUOTED_VALUE}|(?=(?P<word>[^\s,;}}\]<>"'(\[]+))(?P=word)(?![(\[])"""),
+)
 #: ``token=v``, ``?api_key=v&``, ``AccountKey=v;``, ``--hf-token=v``, ``password="v w"``.
-_PAIR = (re.compile(r"(?<![\w.-])(?P<key>-{0,2}[A-Za-z_][\w.-]{0,63})="),
-         re.compile(rf"""{_QUOTED_VALUE}|[^\s&;,"'<>(\[{{][^\s&;,"'<>]*"""))
+_PAIR = (
+    re.compile(r"(?<![\w.-])(?P<key>-{0,2}[A-Za-z_][\w.-]{0,63})="),
+    re.compile(rf"""{_QUOTED_VALUE}|[^\s&;,"'<>(\[{{][^\s&;,"'<>]*"""),
+)
 #: ``--db-password v`` / ``-token v`` in a command line written out as text.
-_FLAG = (re.compile(r"(?<![\w-])(?P<key>--?[A-Za-z][\w.-]{0,63})[ \t]+"),
-         re.compile(rf"""{_QUOTED_VALUE}|(?!--)(?!-[A-Za-z](?![\w-]))[^\s"'<>]+"""))
+_FLAG = (
+    re.compile(r"(?<![\w-])(?P<key>--?[A-Za-z][\w.-]{0,63})[ \t]+"),
+    re.compile(rf"""{_QUOTED_VALUE}|(?!--)(?!-[A-Za-z](?![\w-]))[^\s"'<>]+"""),
+)
 
 
 #: Values that are no secret but code or a reference to one (source lines in a traceback, shell
@@ -154,22 +227,25 @@ _REFERENCE = re.compile(
     r"(?:\[.*)?|"
     r"[A-Za-z_][\w.]*\([^()]*\)(?:\.[A-Za-z_]\w*(?:\([^()]*\))?)*|[A-Za-z_][\w.]*\(|"  # calls
     r"\$[A-Z_][A-Z0-9_]*|\$\{[A-Za-z_]\w*\}|%[-#0 +]?\d*(?:\.\d+)?[sdifrxXeEgGc]|%\(\w+\)[sdr]|\{[\w.!:]*\}|"
-    r"[^A-Za-z0-9]*)")
+    r"[^A-Za-z0-9]*)"
+)
 #: Names in code, taken for a reference only after a weakly secret name (``key=sort_key``,
 #: ``dispatch_key: DispatchKey``, ``pass_dict=B2B_GEMM_PASS``): after ``token=`` they may be the token.
 _CODE_NAME = re.compile(
     r"(?=[a-z_.]*[_.])[a-z_]+(?:\.[a-z_]+)*|"  # sort_key, py.normalized_name
     r"(?:[A-Za-z_]\w*\.)*[A-Z][a-z]+(?:[A-Z][A-Za-z]*)+|(?:[A-Za-z_]\w*\.)+[A-Z][A-Za-z]*|"  # DispatchKey, _t.AuthType
-    r"_?[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{2,}")  # B2B_GEMM_PASS, DEFAULT
+    r"_?[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{2,}"
+)  # B2B_GEMM_PASS, DEFAULT
 
 
 def _is_reference(key: str, val: str, strong: bool = True) -> bool:
     bare = val.strip("\"'")
     if bare.startswith("-") and is_secret_name(bare.lstrip("-")):
         return True  # "X-Api-Key: --db-password v": a secret flag, whose value the flag rule removes
-    return bare == REDACTED or any(b == key.lstrip("-") or _REFERENCE.fullmatch(b)
-                                   or (not strong and _CODE_NAME.fullmatch(b))
-                                   for b in (bare, bare.rstrip(")]},:;")))
+    return bare == REDACTED or any(
+        b == key.lstrip("-") or _REFERENCE.fullmatch(b) or (not strong and _CODE_NAME.fullmatch(b))
+        for b in (bare, bare.rstrip(")]},:;"))
+    )
 
 
 #: A weakly secret name (``key=``, ``sort_key=``, ``sig=``, ``signature=``, ``pass_number=``) is
@@ -215,8 +291,11 @@ def _keyed_spans(form: tuple[re.Pattern[str], re.Pattern[str]], text: str) -> li
 def _unbalanced_closers(text: str, start: int, end: int) -> int:
     """``end`` without the closing brackets the value does not open: ``f(key=v)`` keeps its ``)``."""
     pairs = {")": "(", "]": "[", "}": "{"}
-    while end > start and (opener := pairs.get(text[end - 1])) is not None \
-            and text.count(text[end - 1], start, end) > text.count(opener, start, end):
+    while (
+        end > start
+        and (opener := pairs.get(text[end - 1])) is not None
+        and text.count(text[end - 1], start, end) > text.count(opener, start, end)
+    ):
         end -= 1
     return end
 

@@ -43,8 +43,9 @@ from . import SCHEMA_VERSION
 INT_LIMIT = 2**64
 
 
-def fact(default: Any = None, *, key: str | None = None, optional: bool = False, unit: str | None = None,
-         factory: Any = None) -> Any:
+def fact(
+    default: Any = None, *, key: str | None = None, optional: bool = False, unit: str | None = None, factory: Any = None
+) -> Any:
     """A schema field: its JSON ``key`` (when not the attribute name), whether a gatherer may leave
     it out (``optional``), and the ``unit`` named in error messages (inferred from ``_bytes`` …)."""
     meta = {"key": key, "optional": optional, "unit": unit}
@@ -64,6 +65,7 @@ class Record:
 
 
 # -- host ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Python(Record):
@@ -97,6 +99,7 @@ class HostFacts(Record):
 
 
 # -- shm ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Mount(Record):
@@ -135,6 +138,7 @@ class ShmFacts(Record):
 
 
 # -- limits -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RLimit(Record):
@@ -202,6 +206,7 @@ class LimitsFacts(Record):
 
 # -- memory -------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class MemoryFacts(Record):
     """``memory``: /proc/meminfo (facts/memory.py)."""
@@ -218,6 +223,7 @@ class MemoryFacts(Record):
 
 
 # -- cgroup -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CgroupMemory(Record):
@@ -278,6 +284,7 @@ class CgroupFacts(Record):
 
 # -- cpu ----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Cv2(Record):
     installed: bool | None = None
@@ -313,6 +320,7 @@ class CpuFacts(Record):
 
 # -- torch --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TorchBackends(Record):
     gloo: bool | None = None
@@ -345,6 +353,7 @@ class TorchFacts(Record):
 
 
 # -- gpu ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class GpuMemory(Record):
@@ -454,6 +463,7 @@ class GpuFacts(Record):
 
 # -- dist ---------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Launcher(Record):
     torchrun: bool | None = None
@@ -541,6 +551,7 @@ class DistFacts(Record):
 
 # -- paths --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class WriteTest(Record):
     ok: bool | None = None
@@ -619,6 +630,7 @@ class PathsFacts(Record):
 
 # -- loader (added by `torchdoctor loader`, not by `gather`) --------------------------------------
 
+
 @dataclass(frozen=True)
 class LoaderFacts(Record):
     """``loader``: what the loader probe measured (probes/judge.py ``loader_section``, docs/loader.md).
@@ -637,6 +649,7 @@ class LoaderFacts(Record):
 
 
 # -- meta ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MetaOptions(Record):
@@ -684,6 +697,7 @@ TOP_LEVEL: tuple[str, ...] = (*SECTIONS, *OPTIONAL_SECTIONS, "meta", "unknown")
 # the engine: field specs, parsing with problems, repair, paths
 # ================================================================================================
 
+
 @dataclass(frozen=True)
 class Field:
     name: str
@@ -695,8 +709,13 @@ class Field:
     unit: str | None
 
 
-_UNITS = (("bytes", "bytes"), ("_seconds", "seconds"), ("seconds", "seconds"),
-          ("_us", "microseconds"), ("_percent", "percent"))
+_UNITS = (
+    ("bytes", "bytes"),
+    ("_seconds", "seconds"),
+    ("seconds", "seconds"),
+    ("_us", "microseconds"),
+    ("_percent", "percent"),
+)
 
 
 _FIELDS: dict[type, tuple[Field, ...]] = {}
@@ -832,11 +851,18 @@ class _Parse:
         if tp in (bool, int, float, str):
             if value is None and not in_list:
                 return None  # every leaf of a record may be null: "could not be read"
-            ok = (isinstance(value, bool) if tp is bool else
-                  isinstance(value, int) and not isinstance(value, bool) and abs(value) < INT_LIMIT if tp is int else
-                  isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                  and abs(value) < INT_LIMIT if tp is float else
-                  isinstance(value, str))
+            ok = (
+                isinstance(value, bool)
+                if tp is bool
+                else isinstance(value, int) and not isinstance(value, bool) and abs(value) < INT_LIMIT
+                if tp is int
+                else isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and abs(value) < INT_LIMIT
+                if tp is float
+                else isinstance(value, str)
+            )
             if not ok:
                 self._wrong(tp, value, path, unit, in_list, None)
                 return None
@@ -860,19 +886,24 @@ class _Parse:
         nullable = not in_list and (empty is None or _optional_inner(tp) is not None)
         expected = _or_null(describe(tp, unit)) if nullable and empty is None else describe(tp, unit)
         action = "delete" if in_list else "set"
-        self.problems.append(Problem(path, f"expected {expected}, got {shown(value)}", action,
-                                     None if action == "delete" else empty, "type"))
+        self.problems.append(
+            Problem(
+                path, f"expected {expected}, got {shown(value)}", action, None if action == "delete" else empty, "type"
+            )
+        )
 
     # -- records ----------------------------------------------------------------------------------
     def record(self, cls: type[Record], raw: dict[str, Any], path: PathT) -> Record:
         known = _by_key(cls)
         for key in raw:
             if key not in known:
-                close = [k for k in known if str(key) and (k.startswith(str(key)) or str(key).startswith(k))][:1] \
-                    or difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+                close = [k for k in known if str(key) and (k.startswith(str(key)) or str(key).startswith(k))][
+                    :1
+                ] or difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
                 hint = f" (did you mean {path_text((*path, close[0]))}?)" if close else ""
-                self.problems.append(Problem((*path, key), f"not a fact this torchdoctor knows{hint}", "delete",
-                                             kind="unknown"))
+                self.problems.append(
+                    Problem((*path, key), f"not a fact this torchdoctor knows{hint}", "delete", kind="unknown")
+                )
         kwargs: dict[str, Any] = {}
         for f in fields_of(cls):
             if f.key in raw:
@@ -880,8 +911,7 @@ class _Parse:
             elif self.complete and not f.optional:
                 empty = empty_json(f.tp)
                 expected = _or_null(describe(f.tp, f.unit)) if empty is None else describe(f.tp, f.unit)
-                self.problems.append(Problem((*path, f.key), f"missing (expected {expected})", "set", empty,
-                                             "missing"))
+                self.problems.append(Problem((*path, f.key), f"missing (expected {expected})", "set", empty, "missing"))
         inst = cls(**kwargs)
         object.__setattr__(inst, "_recorded", True)
         return inst
@@ -950,25 +980,35 @@ def parse_document(data: dict[str, Any], complete: bool) -> Document:
     unknown_raw = data.get("unknown", {})
     unknown: dict[str, str] = {}
     if not isinstance(unknown_raw, dict):
-        problems.append(Problem(("unknown",), f"expected an object mapping fact paths to reasons, got "
-                                              f"{shown(unknown_raw)}", "set", {}))
+        problems.append(
+            Problem(
+                ("unknown",), f"expected an object mapping fact paths to reasons, got {shown(unknown_raw)}", "set", {}
+            )
+        )
     else:
         for k, v in unknown_raw.items():
             if isinstance(v, str):
                 unknown[k] = v
             else:
-                problems.append(Problem(("unknown", k), f"expected a string (why the fact is unknown), got {shown(v)}",
-                                        "delete"))
+                problems.append(
+                    Problem(("unknown", k), f"expected a string (why the fact is unknown), got {shown(v)}", "delete")
+                )
     for name in (*SECTIONS, *OPTIONAL_SECTIONS, "meta"):
         if name not in data:
             if complete and name in SECTIONS:
-                problems.append(Problem((name,), f"missing section (expected an object, or null with the reason "
-                                                 f"under unknown.{name})", "set", None, "missing"))
+                problems.append(
+                    Problem(
+                        (name,),
+                        f"missing section (expected an object, or null with the reason under unknown.{name})",
+                        "set",
+                        None,
+                        "missing",
+                    )
+                )
             continue
         raw = data[name]
         if complete and raw is None and name in SECTIONS and name not in unknown:
-            problems.append(Problem((name,), f"is null without a reason under unknown.{name}", "set", None,
-                                    "missing"))
+            problems.append(Problem((name,), f"is null without a reason under unknown.{name}", "set", None, "missing"))
         rec, found = parse_section(name, raw, complete)
         records[name] = rec
         problems += found
@@ -979,8 +1019,9 @@ def repair(section: Any, problems: list[Problem]) -> Any:
     """Mend a section's JSON in place so that it fits the schema (live gathering: a gatherer that
     drifted from the schema must not break the snapshot); returns the section (None if it was
     itself unusable). Paths in ``problems`` start with the section's name."""
-    for prob in sorted(problems, key=lambda p: [str(x).zfill(12) if isinstance(x, int) else x for x in p.path],
-                       reverse=True):
+    for prob in sorted(
+        problems, key=lambda p: [str(x).zfill(12) if isinstance(x, int) else x for x in p.path], reverse=True
+    ):
         if len(prob.path) == 1:
             return prob.replacement if prob.action == "set" else None
         node = section
@@ -998,6 +1039,7 @@ def repair(section: Any, problems: list[Problem]) -> Any:
 
 
 # -- dotted paths ---------------------------------------------------------------------------------
+
 
 def resolve_path(path: str) -> Any | None:
     """The schema type a dotted fact path (``"shm.size_bytes"``) names, or None when it names none.
@@ -1033,6 +1075,7 @@ def suggest_paths(path: str, n: int = 3) -> list[str]:
 
 def all_paths(include_optional_sections: bool = True) -> Iterator[str]:
     """Every dotted path the schema defines; list elements are ``[]`` (``gpu.devices[].index``)."""
+
     def walk(tp: Any, prefix: str) -> Iterator[str]:
         inner = _optional_inner(tp)
         tp = inner if inner is not None else tp
@@ -1061,13 +1104,73 @@ def json_key(cls: type[Record], attribute: str) -> str:
 
 
 __all__ = [
-    "SCHEMA_VERSION", "SECTIONS", "OPTIONAL_SECTIONS", "TOP_LEVEL", "Record", "Problem", "Document", "Field",
-    "fields_of", "parse_section", "parse_document", "repair", "resolve_path", "all_paths", "suggest_paths",
-    "json_key", "describe", "path_text", "fact",
-    "HostFacts", "Python", "Container", "ShmFacts", "Mount", "TorchSegments", "LimitsFacts", "RLimits", "RLimit",
-    "Sysctl", "SysctlVm", "SysctlFs", "SysctlKernel", "ProcessUsage", "MemoryFacts", "CgroupFacts", "CgroupMemory",
-    "CgroupPids", "CgroupCpu", "CpuFacts", "Cv2", "TorchFacts", "TorchBackends", "GpuFacts", "GpuDevice",
-    "GpuMemory", "GpuUtilization", "GpuMig", "MigDevice", "GpuEcc", "GpuProcess", "Visible", "VisibleEntry",
-    "DistFacts", "Launcher", "Master", "Store", "BindAttempt", "PortHolder", "Interfaces", "Interface", "PathsFacts",
-    "PathEntry", "WriteTest", "StatError", "Owner", "FsInfo", "LoaderFacts", "Meta", "MetaOptions",
+    "SCHEMA_VERSION",
+    "SECTIONS",
+    "OPTIONAL_SECTIONS",
+    "TOP_LEVEL",
+    "Record",
+    "Problem",
+    "Document",
+    "Field",
+    "fields_of",
+    "parse_section",
+    "parse_document",
+    "repair",
+    "resolve_path",
+    "all_paths",
+    "suggest_paths",
+    "json_key",
+    "describe",
+    "path_text",
+    "fact",
+    "HostFacts",
+    "Python",
+    "Container",
+    "ShmFacts",
+    "Mount",
+    "TorchSegments",
+    "LimitsFacts",
+    "RLimits",
+    "RLimit",
+    "Sysctl",
+    "SysctlVm",
+    "SysctlFs",
+    "SysctlKernel",
+    "ProcessUsage",
+    "MemoryFacts",
+    "CgroupFacts",
+    "CgroupMemory",
+    "CgroupPids",
+    "CgroupCpu",
+    "CpuFacts",
+    "Cv2",
+    "TorchFacts",
+    "TorchBackends",
+    "GpuFacts",
+    "GpuDevice",
+    "GpuMemory",
+    "GpuUtilization",
+    "GpuMig",
+    "MigDevice",
+    "GpuEcc",
+    "GpuProcess",
+    "Visible",
+    "VisibleEntry",
+    "DistFacts",
+    "Launcher",
+    "Master",
+    "Store",
+    "BindAttempt",
+    "PortHolder",
+    "Interfaces",
+    "Interface",
+    "PathsFacts",
+    "PathEntry",
+    "WriteTest",
+    "StatError",
+    "Owner",
+    "FsInfo",
+    "LoaderFacts",
+    "Meta",
+    "MetaOptions",
 ]

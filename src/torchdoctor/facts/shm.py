@@ -63,4 +63,9 @@ def _torch_segments(ctx: GatherContext) -> dict[str, Any] | None:
         ctx.unknown("shm.torch_segments", f"cannot list {SHM}: {exc.strerror}")
         return None
     alive = sorted(int(p) for p in owners if ctx.path(f"/proc/{p}").exists())
-    return {"count": count, "bytes": size, "owner_pids": sorted(int(p) for p in owners)[:50], "owners_alive": alive[:50]}
+    return {
+        "count": count,
+        "bytes": size,
+        "owner_pids": sorted(int(p) for p in owners)[:50],
+        "owners_alive": alive[:50],
+    }

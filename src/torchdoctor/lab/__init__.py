@@ -97,6 +97,11 @@ def get(name: str) -> Scenario:
         return _SCENARIOS[name]
     import difflib
 
-    raise UnknownCodeError(name, difflib.get_close_matches(name, list(_SCENARIOS), n=3), what="scenario",
-                           hint=None if difflib.get_close_matches(name, list(_SCENARIOS), n=3) else
-                           "; run `torchdoctor lab list` for the scenarios")
+    raise UnknownCodeError(
+        name,
+        difflib.get_close_matches(name, list(_SCENARIOS), n=3),
+        what="scenario",
+        hint=None
+        if difflib.get_close_matches(name, list(_SCENARIOS), n=3)
+        else "; run `torchdoctor lab list` for the scenarios",
+    )

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import UsageError
 from ..facts import Facts
 from ..model import Finding
+from .target import Overrides
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_TUNE_TIMEOUT = 600.0
@@ -32,13 +33,10 @@ DEFAULT_BATCHES = 8
 
 
 @dataclass(frozen=True)
-class ProbeOptions:
-    batch_size: int | None = None
-    num_workers: int | None = None
-    multiprocessing_context: str | None = None
-    prefetch_factor: int | None = None
-    pin_memory: bool | None = None
-    persistent_workers: bool | None = None
+class ProbeOptions(Overrides):
+    """The DataLoader arguments to override (:class:`~.target.Overrides`: None keeps the target's
+    choice), and how to probe."""
+
     parent_start_method: str | None = None
     """The start method of the process the loader will run in ("this loader runs inside a spawn child")."""
     sharing_strategy: str | None = None
@@ -55,9 +53,8 @@ class ProbeOptions:
     """Seconds the tuner may spend repeating settings whose readings disagree (default 30 × tune_seconds)."""
 
     def overrides(self) -> dict[str, Any]:
-        keys = ("batch_size", "num_workers", "multiprocessing_context", "prefetch_factor", "pin_memory",
-                "persistent_workers")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        """The overrides that were given, as the probe child rebuilds them (``Overrides(**...)``)."""
+        return {f.name: getattr(self, f.name) for f in fields(Overrides) if getattr(self, f.name) is not None}
 
 
 @dataclass
@@ -95,14 +92,17 @@ def target_of(obj: Any) -> str:
                 return f"{os.path.abspath(path)}:{obj.__qualname__}"
         elif module:
             return f"{module}:{obj.__qualname__}"
-    raise UsageError("probe_loader needs a factory it can import in a fresh process: a module-level function "
-                     "returning the DataLoader, given as the function itself or as 'package.module:function'")
+    raise UsageError(
+        "probe_loader needs a factory it can import in a fresh process: a module-level function "
+        "returning the DataLoader, given as the function itself or as 'package.module:function'"
+    )
 
 
 def _is_object(target: Any) -> bool:
     """A DataLoader or Dataset object (probed in a fork of this process), not a factory or TARGET."""
-    if isinstance(target, str) or (callable(target) and not hasattr(target, "__getitem__")
-                                   and not hasattr(target, "__iter__")):
+    if isinstance(target, str) or (
+        callable(target) and not hasattr(target, "__getitem__") and not hasattr(target, "__iter__")
+    ):
         return False
     return True
 
@@ -128,16 +128,22 @@ def _precheck(spec_target: str) -> None:
     if problem:
         raise UsageError(problem)
     if not found:
-        raise UsageError(f"no module named {module.split('.')[0]!r} (TARGET module {module!r}); run from the "
-                         "directory that contains it or set PYTHONPATH")
+        raise UsageError(
+            f"no module named {module.split('.')[0]!r} (TARGET module {module!r}); run from the "
+            "directory that contains it or set PYTHONPATH"
+        )
 
 
 def _limits(facts: Facts) -> dict[str, Any]:
-    return {"max_map_count": facts.get("limits.sysctl.vm.max_map_count"), "shm_free": facts.get("shm.free_bytes")}
+    return {"max_map_count": facts.limits.sysctl.vm.max_map_count, "shm_free": facts.shm.free_bytes}
 
 
-def probe_loader(target: Any, options: ProbeOptions | None = None, facts: Facts | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> LoaderReport:
+def probe_loader(
+    target: Any,
+    options: ProbeOptions | None = None,
+    facts: Facts | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> LoaderReport:
     """Probe a DataLoader: ``target`` is ``"pkg.mod:fn"``, ``"path/file.py:fn"``, the factory function itself
     (run in a fresh interpreter), or a DataLoader/Dataset object (probed in a fork of this process, so the
     start method is this process's own unless ``parent_start_method`` says otherwise; Linux only)."""
@@ -154,12 +160,20 @@ def probe_loader(target: Any, options: ProbeOptions | None = None, facts: Facts 
         _precheck(spec_target)
     facts = facts if facts is not None else gather()
     timeout = opts.timeout or (DEFAULT_TUNE_TIMEOUT if opts.tune else DEFAULT_TIMEOUT)
-    cores = facts.get("cpu.usable_cores") or os.cpu_count() or 1
+    cores = facts.cpu.usable_cores or os.cpu_count() or 1
     spec = {
-        "target": spec_target, "overrides": opts.overrides(), "parent_start_method": opts.parent_start_method,
-        "sharing_strategy": opts.sharing_strategy, "static_only": opts.static, "force_live": opts.force_live,
-        "batches": opts.batches, "tune": opts.tune, "max_workers": opts.max_workers or max(8, 4 * int(cores)),
-        "tune_seconds": opts.tune_seconds, "tune_budget": opts.tune_budget, "limits": _limits(facts),
+        "target": spec_target,
+        "overrides": opts.overrides(),
+        "parent_start_method": opts.parent_start_method,
+        "sharing_strategy": opts.sharing_strategy,
+        "static_only": opts.static,
+        "force_live": opts.force_live,
+        "batches": opts.batches,
+        "tune": opts.tune,
+        "max_workers": opts.max_workers or max(8, 4 * int(cores)),
+        "tune_seconds": opts.tune_seconds,
+        "tune_budget": opts.tune_budget,
+        "limits": _limits(facts),
     }
     out = run_child(spec, timeout, opts.memory_cap, on_event, obj=obj)
     usage = out.last("usage")

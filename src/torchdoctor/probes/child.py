@@ -42,14 +42,22 @@ def user_traceback(exc: BaseException) -> str:
     text = "".join(lines)
     cause = exc.__cause__ or (exc.__context__ if not exc.__suppress_context__ else None)
     if cause is not None:
-        text = user_traceback(cause) + "\nThe above exception was the direct cause of the following exception:\n\n" \
-            + text
+        text = (
+            user_traceback(cause) + "\nThe above exception was the direct cause of the following exception:\n\n" + text
+        )
     return text
 
 
 def _fail(emit: Events, phase: str, exc: BaseException) -> int:
-    emit("error", {"phase": phase, "type": type(exc).__name__, "message": str(exc)[:2000],
-                   "traceback": user_traceback(exc)[-8000:]})
+    emit(
+        "error",
+        {
+            "phase": phase,
+            "type": type(exc).__name__,
+            "message": str(exc)[:2000],
+            "traceback": user_traceback(exc)[-8000:],
+        },
+    )
     return 3
 
 
@@ -84,8 +92,14 @@ def run(spec: dict[str, Any], emit: Events) -> int:
         return 2
     except BaseException as exc:  # noqa: BLE001
         return _fail(emit, "build", exc)
-    emit("loaded", {"loader": tgt.describe(loader), "import_seconds": round(time.perf_counter() - t0, 3),
-                    "torch_import_seconds": round(torch_s, 3)})
+    emit(
+        "loaded",
+        {
+            "loader": tgt.describe(loader),
+            "import_seconds": round(time.perf_counter() - t0, 3),
+            "torch_import_seconds": round(torch_s, 3),
+        },
+    )
     return _measure(spec, loader, emit)
 
 
@@ -165,8 +179,16 @@ def _measure(spec: dict[str, Any], loader: Any, emit: Events) -> int:
         emit("phase", {"phase": "tune"})
         try:
             budget = spec.get("tune_budget")
-            emit("tune", tune.tune(loader, int(spec["max_workers"]), float(spec.get("tune_seconds", 1.0)), emit,
-                                   budget=None if budget is None else float(budget)))
+            emit(
+                "tune",
+                tune.tune(
+                    loader,
+                    int(spec["max_workers"]),
+                    float(spec.get("tune_seconds", 1.0)),
+                    emit,
+                    budget=None if budget is None else float(budget),
+                ),
+            )
         except BaseException as exc:  # noqa: BLE001
             return _fail(emit, "tune", exc)
     return 0

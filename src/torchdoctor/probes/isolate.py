@@ -115,8 +115,13 @@ def _fork(obj: Any, spec_path: Path, events: Path, so: Any, se: Any) -> Forked:
     return Forked(pid)
 
 
-def run_child(spec: dict[str, Any], timeout: float, memory_cap: int | None = None,
-              on_event: Callable[[dict[str, Any]], None] | None = None, obj: Any = None) -> Outcome:
+def run_child(
+    spec: dict[str, Any],
+    timeout: float,
+    memory_cap: int | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    obj: Any = None,
+) -> Outcome:
     """Run one probe child to its end, its timeout or its memory cap; return what happened.
 
     With ``obj`` (a DataLoader or Dataset object) the child is a fork of this process that probes
@@ -137,12 +142,20 @@ def run_child(spec: dict[str, Any], timeout: float, memory_cap: int | None = Non
                 sys.stderr.flush()
                 proc = _fork(obj, d / "spec.json", events, so, se)
             else:
-                proc = start([sys.executable, "-m", "torchdoctor.probes.child", str(d / "spec.json"), str(events)],
-                             child_env(with_cwd=True), stdout=so, stderr=se)
+                proc = start(
+                    [sys.executable, "-m", "torchdoctor.probes.child", str(d / "spec.json"), str(events)],
+                    child_env(with_cwd=True),
+                    stdout=so,
+                    stderr=se,
+                )
             out.pid = proc.pid
             result = supervise(proc, Limits(timeout, memory_cap, on_timeout=_dump_stacks), reader.poll, started)
             out.seconds, out.exit_code = result.seconds, result.exit_code
-            out.timed_out, out.memory_killed, out.peak_memory = result.timed_out, result.memory_killed, result.peak_memory
+            out.timed_out, out.memory_killed, out.peak_memory = (
+                result.timed_out,
+                result.memory_killed,
+                result.peak_memory,
+            )
         reader.poll()
         out.stdout, out.stderr = _tail(d / "stdout"), _tail(d / "stderr")
     return out

@@ -54,9 +54,16 @@ def _explain(text: str) -> dict[str, Any] | None:
 
 
 def outcome_section(out: Outcome, timeout: float, memory_cap: int | None) -> dict[str, Any]:
-    o: dict[str, Any] = {"pid": out.pid, "seconds": out.seconds, "exit_code": out.exit_code, "signal": out.signal_name,
-                         "phase": out.phase, "timeout": timeout, "memory_cap": memory_cap,
-                         "peak_memory": out.peak_memory}
+    o: dict[str, Any] = {
+        "pid": out.pid,
+        "seconds": out.seconds,
+        "exit_code": out.exit_code,
+        "signal": out.signal_name,
+        "phase": out.phase,
+        "timeout": timeout,
+        "memory_cap": memory_cap,
+        "peak_memory": out.peak_memory,
+    }
     err = out.last("error")
     if out.timed_out:
         o["status"] = "timeout"

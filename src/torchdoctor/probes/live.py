@@ -41,8 +41,12 @@ def sample_in_process(loader: Any, batches: int = 2) -> dict[str, Any]:
     del it
     if not sizes:
         return {"bytes": 0, "tensors": 0, "samples": 0, "seconds": None}
-    return {"bytes": max(sizes), "tensors": max(counts), "samples": max(lens),
-            "seconds": round(sum(times) / len(times), 5)}
+    return {
+        "bytes": max(sizes),
+        "tensors": max(counts),
+        "samples": max(lens),
+        "seconds": round(sum(times) / len(times), 5),
+    }
 
 
 class SampleFailed(Exception):
@@ -67,8 +71,15 @@ def _sample_to(loader: Any, conn: Any, batches: int) -> None:
     try:
         conn.send({"ok": sample_in_process(loader, batches)})
     except BaseException as exc:  # noqa: BLE001 - the user's error, sent to the probe
-        conn.send({"error": {"type": type(exc).__name__, "message": str(exc)[:2000],
-                             "traceback": user_traceback(exc)[-8000:]}})
+        conn.send(
+            {
+                "error": {
+                    "type": type(exc).__name__,
+                    "message": str(exc)[:2000],
+                    "traceback": user_traceback(exc)[-8000:],
+                }
+            }
+        )
 
 
 def sample_isolated(loader: Any, batches: int = 2) -> dict[str, Any]:
@@ -100,8 +111,12 @@ def bare_worker_threads(loader: Any) -> int | None:
     import torch
     from torch.utils.data import DataLoader
 
-    bare: Any = DataLoader([torch.zeros(1)] * 4, batch_size=1, num_workers=1,  # type: ignore[arg-type]
-                      multiprocessing_context=loader.multiprocessing_context)
+    bare: Any = DataLoader(
+        [torch.zeros(1)] * 4,  # type: ignore[arg-type]
+        batch_size=1,
+        num_workers=1,
+        multiprocessing_context=loader.multiprocessing_context,
+    )
     it = iter(bare)
     try:
         next(it)
@@ -152,10 +167,17 @@ class _Workers:
         out = []
         for pid in self.pids:
             a, b = self.first.get(pid), self.last.get(pid)
-            out.append({"pid": pid, "threads": self.threads.get(pid),
-                        "uss_first": a and a["uss"], "uss_last": b and b["uss"],
-                        "pss_first": a and a["pss"], "pss_last": b and b["pss"],
-                        "rss_last": b and b["rss"]})
+            out.append(
+                {
+                    "pid": pid,
+                    "threads": self.threads.get(pid),
+                    "uss_first": a and a["uss"],
+                    "uss_last": b and b["uss"],
+                    "pss_first": a and a["pss"],
+                    "pss_last": b and b["pss"],
+                    "rss_last": b and b["rss"],
+                }
+            )
         return out
 
 
@@ -170,8 +192,11 @@ def _epoch(loader: Any, rate: Rate) -> dict[str, Any]:
         return {}
     restart = 0.0 if loader.persistent_workers else float(rate.first_batch_seconds or 0.0)
     epoch = n / rate.samples_per_s + restart
-    return {"epoch_seconds": round(epoch, 3), "epoch_restart_seconds": round(restart, 4),
-            "epoch_samples_per_s": round(n / epoch, 2)}
+    return {
+        "epoch_seconds": round(epoch, 3),
+        "epoch_restart_seconds": round(restart, 4),
+        "epoch_samples_per_s": round(n / epoch, 2),
+    }
 
 
 def run_workers(loader: Any, batches: int, seconds: float = 1.0, emit: Emit | None = None) -> dict[str, Any]:
@@ -193,11 +218,13 @@ def run_workers(loader: Any, batches: int, seconds: float = 1.0, emit: Emit | No
             workers.sample(n, it)
 
     try:
-        rate: Rate = measure_rate(loader, seconds, min_batches=2, follow=max(1, batches), on_batch=on_batch,
-                                  at_end=at_end)
+        rate: Rate = measure_rate(
+            loader, seconds, min_batches=2, follow=max(1, batches), on_batch=on_batch, at_end=at_end
+        )
     finally:
         gc.collect()
-    return {**_epoch(loader, rate),
+    return {
+        **_epoch(loader, rate),
         "ran": True,
         "start_seconds": round(rate.start_seconds, 4),
         "first_batch_seconds": None if rate.first_batch_seconds is None else round(rate.first_batch_seconds, 4),

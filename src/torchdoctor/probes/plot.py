@@ -41,25 +41,52 @@ def plot_tune(tune: dict[str, Any], path: str | Path, title: str = "") -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.4), dpi=130)
     ax.plot(xs, ys, "-", color="#9aa5b1", linewidth=1.5, zorder=1)
     if any(x.get("runs", 1) > 1 for x in rows):
-        ax.scatter([r["num_workers"] for r in runs], [r["samples_per_s"] for r in runs], s=12, color="#9aa5b1",
-                   zorder=1, label="each run")
+        ax.scatter(
+            [r["num_workers"] for r in runs],
+            [r["samples_per_s"] for r in runs],
+            s=12,
+            color="#9aa5b1",
+            zorder=1,
+            label="each run",
+        )
     ax.scatter(xs, ys, s=46, color="#2f6db3", zorder=2, label="agreed (prefetch_factor 2)")
     for w in xs:
         step = first.get((w, by_w[w].get("prefetch_factor")), 0)
-        ax.annotate(f"#{step}", (w, by_w[w]["samples_per_s"]), textcoords="offset points",
-                    xytext=(0, 7), ha="center", fontsize=7, color="#52606d")
+        ax.annotate(
+            f"#{step}",
+            (w, by_w[w]["samples_per_s"]),
+            textcoords="offset points",
+            xytext=(0, 7),
+            ha="center",
+            fontsize=7,
+            color="#52606d",
+        )
     for x in extra:
-        ax.scatter([x["num_workers"]], [x["samples_per_s"]], s=46, marker="D", color="#e8a33d", zorder=2,
-                   label=f"prefetch_factor {x['prefetch_factor']}")
+        ax.scatter(
+            [x["num_workers"]],
+            [x["samples_per_s"]],
+            s=46,
+            marker="D",
+            color="#e8a33d",
+            zorder=2,
+            label=f"prefetch_factor {x['prefetch_factor']}",
+        )
     cw, cy = chosen["num_workers"], chosen["samples_per_s"]
     ax.scatter([cw], [cy], s=260, marker="*", color="#d64545", zorder=3, label="recommended")
     label = f"num_workers={cw}"
     if chosen.get("prefetch_factor") not in (None, 2):
         label += f", prefetch_factor={chosen['prefetch_factor']}"
     right = cw > (xs[0] + xs[-1]) / 2
-    ax.annotate(f"{label}\n{cy:,.0f} samples/s", (cw, cy), textcoords="offset points",
-                xytext=(-14, 12) if right else (14, 12), ha="right" if right else "left",
-                fontsize=9, color="#d64545", fontweight="bold")
+    ax.annotate(
+        f"{label}\n{cy:,.0f} samples/s",
+        (cw, cy),
+        textcoords="offset points",
+        xytext=(-14, 12) if right else (14, 12),
+        ha="right" if right else "left",
+        fontsize=9,
+        color="#d64545",
+        fontweight="bold",
+    )
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples / s")
     ax.set_xticks(xs)
@@ -69,9 +96,17 @@ def plot_tune(tune: dict[str, Any], path: str | Path, title: str = "") -> Path:
     ax.grid(True, alpha=0.3)
     ax.set_title(title or "DataLoader throughput against num_workers", fontsize=11)
     n, secs = len(points), tune.get("seconds")
-    ax.text(0.99, 0.02, f"{n} runs of {len(settings)} settings in {secs:.0f} s (adaptive search, max "
-            f"{tune.get('max_workers')} workers)",
-            transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="#52606d")
+    ax.text(
+        0.99,
+        0.02,
+        f"{n} runs of {len(settings)} settings in {secs:.0f} s (adaptive search, max "
+        f"{tune.get('max_workers')} workers)",
+        transform=ax.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize=7,
+        color="#52606d",
+    )
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8, frameon=False)

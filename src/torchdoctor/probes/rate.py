@@ -38,6 +38,7 @@ OnBatch = Callable[[int, Any], None]
 
 # -- batch size --------------------------------------------------------------------------------
 
+
 def _children(obj: Any) -> list[Any] | None:
     """The items of a container a collate function returns, or None for a leaf."""
     if isinstance(obj, Mapping):
@@ -121,8 +122,10 @@ def tensor_bytes(batch: Any, depth: int = 0) -> tuple[int, int]:
     if depth > MAX_DEPTH:
         return 0, 0
     if isinstance(batch, torch.Tensor):
-        return batch.untyped_storage().nbytes() if batch.layout == torch.strided else batch.element_size() * \
-            batch.numel(), 1
+        return (
+            batch.untyped_storage().nbytes() if batch.layout == torch.strided else batch.element_size() * batch.numel(),
+            1,
+        )
     kids = _children(batch)
     if kids is None:
         return 0, 0
@@ -135,6 +138,7 @@ def tensor_bytes(batch: Any, depth: int = 0) -> tuple[int, int]:
 
 
 # -- the measurement -----------------------------------------------------------------------------
+
 
 @dataclass
 class Rate:
@@ -167,15 +171,21 @@ class Rate:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "samples_per_s": self.samples_per_s, "batches_per_s": self.batches_per_s, "parts": self.parts,
+            "samples_per_s": self.samples_per_s,
+            "batches_per_s": self.batches_per_s,
+            "parts": self.parts,
             "start_seconds": round(self.start_seconds, 4),
             "first_batch_seconds": None if self.first_batch_seconds is None else round(self.first_batch_seconds, 4),
-            "batches_fetched": self.batches, "samples_fetched": self.samples,
-            "window_batches": self.window_batches, "window_samples": self.window_samples,
-            "window_seconds": round(self.window_seconds, 4), "wall_seconds": round(self.wall_seconds, 3),
+            "batches_fetched": self.batches,
+            "samples_fetched": self.samples,
+            "window_batches": self.window_batches,
+            "window_samples": self.window_samples,
+            "window_seconds": round(self.window_seconds, 4),
+            "wall_seconds": round(self.wall_seconds, 3),
             "epoch_restarts": self.epochs,
             "restart_seconds": None if self.restart_seconds is None else round(self.restart_seconds, 4),
-            "steady": self.steady, "shutdown_error": self.shutdown_error,
+            "steady": self.steady,
+            "shutdown_error": self.shutdown_error,
         }
 
 
@@ -208,9 +218,17 @@ def _shutdown(loader: Any, it: Any) -> str | None:
     return None
 
 
-def measure_rate(loader: Any, seconds: float, *, min_batches: int = 1, follow: int = 0, hint: int | None = None,
-                 max_seconds: float | None = None, on_batch: OnBatch | None = None,
-                 at_end: OnBatch | None = None) -> Rate:
+def measure_rate(
+    loader: Any,
+    seconds: float,
+    *,
+    min_batches: int = 1,
+    follow: int = 0,
+    hint: int | None = None,
+    max_seconds: float | None = None,
+    on_batch: OnBatch | None = None,
+    at_end: OnBatch | None = None,
+) -> Rate:
     """Iterate ``loader`` and measure its steady throughput over at least ``seconds`` and ``min_batches``.
 
     ``follow``: batches of the first epoch to hand to ``on_batch(n, iterator)`` (``n`` counts from 1),
@@ -328,7 +346,7 @@ def _parts(steps: list[tuple[float, int]]) -> list[float]:
     k = PARTS if len(steps) >= PARTS * MIN_PART_BATCHES else 1
     size, out = len(steps) / k, []
     for i in range(k):
-        chunk = steps[round(i * size):round((i + 1) * size)]
+        chunk = steps[round(i * size) : round((i + 1) * size)]
         dt = sum(d for d, _ in chunk)
         out.append(round(sum(n for _, n in chunk) / dt, 2) if dt > 0 else 0.0)
     return out

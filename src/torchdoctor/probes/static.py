@@ -33,6 +33,7 @@ _MAX_DEPTH = 24
 
 # -- start method and sharing strategy --------------------------------------------------------
 
+
 def default_start_method(version: tuple[int, int], platform: str) -> str:
     """Python's default start method: spawn on macOS (3.8+) and Windows, forkserver on Linux from 3.14."""
     if platform.startswith("win") or platform == "darwin":
@@ -49,8 +50,10 @@ def start_method(loader: Any, parent: str | None) -> dict[str, Any]:
         return {"method": ctx.get_start_method(), "source": "DataLoader(multiprocessing_context=…)"}
     chosen = multiprocessing.get_start_method(allow_none=True)
     if parent:
-        return {"method": chosen or parent,
-                "source": f"--parent-start-method {parent}: a loader without multiprocessing_context inherits it"}
+        return {
+            "method": chosen or parent,
+            "source": f"--parent-start-method {parent}: a loader without multiprocessing_context inherits it",
+        }
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     default = multiprocessing.get_all_start_methods()[0]
     if chosen and chosen != default:
@@ -71,6 +74,7 @@ def sharing_strategy(requested: str | None) -> dict[str, Any]:
 
 
 # -- the process that owns the loader ---------------------------------------------------------
+
 
 def owner_facts() -> dict[str, Any]:
     """Mappings, descriptors, limits and threads of this process, the one that will start workers."""
@@ -97,6 +101,7 @@ def owner_facts() -> dict[str, Any]:
 
 
 # -- pickling and storage counting ------------------------------------------------------------
+
 
 class _Sink:
     """A file that only counts what is written to it."""
@@ -258,8 +263,13 @@ def describe_culprit(obj: Any) -> dict[str, Any]:
     else:
         kind = "object"
     text = repr(obj)
-    return {"kind": kind, "type": tname, "qualname": qual, "repr": text[:120] + ("…" if len(text) > 120 else ""),
-            "defined_at": where}
+    return {
+        "kind": kind,
+        "type": tname,
+        "qualname": qual,
+        "repr": text[:120] + ("…" if len(text) > 120 else ""),
+        "defined_at": where,
+    }
 
 
 def payload(loader: Any) -> dict[str, Any]:
@@ -281,8 +291,11 @@ def analyse(loader: Any, parent: str | None, strategy: str | None) -> dict[str, 
             if _pickle_error(value) is not None:
                 path, culprit = find_culprit(name, value)
                 break
-        pickling.update(error=f"{type(exc).__name__}: {exc}"[:500], path=path,
-                        culprit=describe_culprit(culprit) if culprit is not None else None)
+        pickling.update(
+            error=f"{type(exc).__name__}: {exc}"[:500],
+            path=path,
+            culprit=describe_culprit(culprit) if culprit is not None else None,
+        )
     out["pickling"] = pickling
     return out
 
@@ -301,8 +314,10 @@ def blockers(static: dict[str, Any], owner: dict[str, Any], limits: dict[str, An
         out.append(f"{n} storages + {owner['map_count']} mappings > vm.max_map_count {maps}")
     if static["sharing_strategy"]["strategy"] == "file_descriptor" and owner.get("nofile_soft") is not None:
         if static["storages"]["nonempty"] + owner["open_fds"] > owner["nofile_soft"]:
-            out.append(f"{static['storages']['nonempty']} storages + {owner['open_fds']} open descriptors > "
-                       f"RLIMIT_NOFILE {owner['nofile_soft']}")
+            out.append(
+                f"{static['storages']['nonempty']} storages + {owner['open_fds']} open descriptors > "
+                f"RLIMIT_NOFILE {owner['nofile_soft']}"
+            )
     free = limits.get("shm_free")
     if free is not None and static["storages"]["bytes"] > free:
         out.append(f"{human_bytes(static['storages']['bytes'])} of storages > {human_bytes(free)} free in /dev/shm")

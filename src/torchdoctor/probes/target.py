@@ -101,8 +101,10 @@ def _import(module: str) -> Any:
             del sys.modules[name]
         shown, module = module, name
     elif not top_level_exists(module):
-        raise TargetNotFound(f"no module named {top!r} (TARGET module {module!r}); "
-                             "run from the directory that contains it or set PYTHONPATH")
+        raise TargetNotFound(
+            f"no module named {top!r} (TARGET module {module!r}); "
+            "run from the directory that contains it or set PYTHONPATH"
+        )
     else:
         shown = module
     try:
@@ -112,8 +114,9 @@ def _import(module: str) -> Any:
         # that is missing is the user's code failing, a finding
         if exc.name and (exc.name == module or module.startswith(exc.name + ".")):
             problem = file_problem(shown) if Path(shown).is_file() else None  # `notes.txt` beside a `notes/`
-            raise TargetNotFound(problem or f"no module named {exc.name!r} (TARGET module {shown!r}); {FORMS}") \
-                from None
+            raise TargetNotFound(
+                problem or f"no module named {exc.name!r} (TARGET module {shown!r}); {FORMS}"
+            ) from None
         raise
 
 
@@ -153,8 +156,9 @@ def to_loader(obj: Any, over: Overrides) -> Any:
             kw["prefetch_factor"] = over.prefetch_factor
             kw["persistent_workers"] = bool(over.persistent_workers)
         return DataLoader(obj, **kw)
-    raise NotALoader(f"the target returned a {type(obj).__module__}.{type(obj).__qualname__}, "
-                     "not a torch DataLoader or Dataset")
+    raise NotALoader(
+        f"the target returned a {type(obj).__module__}.{type(obj).__qualname__}, not a torch DataLoader or Dataset"
+    )
 
 
 def _is_dataset(obj: Any, *torch_types: type) -> bool:

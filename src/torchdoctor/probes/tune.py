@@ -69,8 +69,11 @@ class Run:
 
     def steady(self, spread: float) -> bool:
         """Its parts agree: nothing slowed part of the window (a run slowed as a whole still looks steady)."""
-        return len(self.parts) >= 2 and max(self.parts) > 0 and \
-            (max(self.parts) - min(self.parts)) / max(self.parts) <= spread
+        return (
+            len(self.parts) >= 2
+            and max(self.parts) > 0
+            and (max(self.parts) - min(self.parts)) / max(self.parts) <= spread
+        )
 
 
 Readings = float | Sequence[float] | Run
@@ -117,8 +120,9 @@ class Tally(Generic[K]):
         runs = self.runs.get(key, [])
         out = []
         for i, r in enumerate(runs):
-            paired = any(j != i and abs(r.rate - o.rate) <= self.spread * max(r.rate, o.rate)
-                         for j, o in enumerate(runs))
+            paired = any(
+                j != i and abs(r.rate - o.rate) <= self.spread * max(r.rate, o.rate) for j, o in enumerate(runs)
+            )
             if paired or r.steady(self.spread):
                 out.append(i)
         return out
@@ -225,8 +229,9 @@ def doubling(max_workers: int) -> list[int]:
     return [x for x in out if x <= max_workers]
 
 
-def settle(tally: Tally[K], measure: Callable[[K], Readings], wanted: Callable[[], list[K]],
-           in_budget: Callable[[], bool]) -> int:
+def settle(
+    tally: Tally[K], measure: Callable[[K], Readings], wanted: Callable[[], list[K]], in_budget: Callable[[], bool]
+) -> int:
     """Measure again, one run at a time, the most promising of ``wanted()`` (settings whose readings
     do not agree yet), until none is left or the budget is spent. Returns the number of runs made."""
     made = 0
@@ -240,9 +245,16 @@ def settle(tally: Tally[K], measure: Callable[[K], Readings], wanted: Callable[[
     return made
 
 
-def search(measure: Callable[[int], Readings], max_workers: int, tolerance: float = TOLERANCE,
-           choose_within: float = CHOOSE_WITHIN, spread: float = SPREAD, max_runs: int = MAX_RUNS,
-           budget: float | None = None, clock: Callable[[], float] = time.monotonic) -> Search:
+def search(
+    measure: Callable[[int], Readings],
+    max_workers: int,
+    tolerance: float = TOLERANCE,
+    choose_within: float = CHOOSE_WITHIN,
+    spread: float = SPREAD,
+    max_runs: int = MAX_RUNS,
+    budget: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Search:
     """The adaptive search over num_workers; ``measure(w)`` makes one run: a :class:`Run`, the rates of its
     parts (samples/s), or a single rate."""
     s = Search(tally=Tally(spread))
@@ -262,8 +274,13 @@ def search(measure: Callable[[int], Readings], max_workers: int, tolerance: floa
         """Of ``keys``, those to measure again: readings that disagree (within REACH of the best), or one
         of ``confirm`` trusted on a single run."""
         best = s.best()[1]
-        return [w for w in keys if t.count(w) < max_runs and max(t.readings(w)) >= best * (1 - REACH)
-                and (not t.settled(w) or (w in confirm and not t.confirmed(w)))]
+        return [
+            w
+            for w in keys
+            if t.count(w) < max_runs
+            and max(t.readings(w)) >= best * (1 - REACH)
+            and (not t.settled(w) or (w in confirm and not t.confirmed(w)))
+        ]
 
     def take(w: int) -> float:
         t.add(w, run(w))
@@ -316,8 +333,9 @@ def search(measure: Callable[[int], Readings], max_workers: int, tolerance: floa
     return s
 
 
-def measure_point(loader: Any, workers: int, seconds: float, prefetch: int | None = None,
-                  persistent: bool | None = None) -> dict[str, Any]:
+def measure_point(
+    loader: Any, workers: int, seconds: float, prefetch: int | None = None, persistent: bool | None = None
+) -> dict[str, Any]:
     """One run of ``loader`` rebuilt with ``workers`` (and ``prefetch``; ``persistent``, None: the
     loader's own), by :func:`~.rate.measure_rate`; ``startup_s`` is the time to the first batch."""
     changes: dict[str, Any] = {"num_workers": workers}
@@ -333,16 +351,30 @@ def measure_point(loader: Any, workers: int, seconds: float, prefetch: int | Non
         rate = measure_rate(candidate, seconds, hint=getattr(loader, "batch_size", None))
     if rate.samples_per_s is None:
         raise RuntimeError(f"the loader yielded no batch with num_workers={workers}")
-    return {"num_workers": workers, "prefetch_factor": candidate.prefetch_factor,
-            "samples_per_s": rate.samples_per_s, "parts": rate.parts,
-            "startup_s": round(rate.first_batch_seconds or 0.0, 4), "seconds": round(rate.window_seconds, 3),
-            "wall_seconds": round(rate.wall_seconds, 3), "samples": rate.window_samples,
-            "epoch_restarts": rate.epochs, "restart_s": rate.restart_seconds, "steady": rate.steady,
-            **({"shutdown_error": rate.shutdown_error} if rate.shutdown_error else {})}
+    return {
+        "num_workers": workers,
+        "prefetch_factor": candidate.prefetch_factor,
+        "samples_per_s": rate.samples_per_s,
+        "parts": rate.parts,
+        "startup_s": round(rate.first_batch_seconds or 0.0, 4),
+        "seconds": round(rate.window_seconds, 3),
+        "wall_seconds": round(rate.wall_seconds, 3),
+        "samples": rate.window_samples,
+        "epoch_restarts": rate.epochs,
+        "restart_s": rate.restart_seconds,
+        "steady": rate.steady,
+        **({"shutdown_error": rate.shutdown_error} if rate.shutdown_error else {}),
+    }
 
 
-def tune(loader: Any, max_workers: int, seconds: float, emit: Callable[[str, dict[str, Any]], None],
-         budget: float | None = None, max_runs: int = MAX_RUNS) -> dict[str, Any]:
+def tune(
+    loader: Any,
+    max_workers: int,
+    seconds: float,
+    emit: Callable[[str, dict[str, Any]], None],
+    budget: float | None = None,
+    max_runs: int = MAX_RUNS,
+) -> dict[str, Any]:
     """Search num_workers, then prefetch_factor, then judge persistent_workers; ``budget`` (seconds,
     default ``BUDGET_FACTOR × seconds``) bounds the repeats (the first run of each setting is always made)."""
     started = time.perf_counter()
@@ -368,17 +400,22 @@ def tune(loader: Any, max_workers: int, seconds: float, emit: Callable[[str, dic
         for run in s.tally.runs[w]:
             tally.add((w, next(r["prefetch_factor"] for r in rows if r["num_workers"] == w)), run)
     key = (chosen, default_pf)
-    result: dict[str, Any] = {"chosen": {"num_workers": chosen, "prefetch_factor": default_pf,
-                                         "persistent_workers": False}}
+    result: dict[str, Any] = {
+        "chosen": {"num_workers": chosen, "prefetch_factor": default_pf, "persistent_workers": False}
+    }
     repeats = s.repeats
     if chosen > 0:
         alt = (chosen, PREFETCH)
         tally.add(alt, measure_at(chosen, PREFETCH))
+
         def open_pf() -> list[tuple[int, int | None]]:
             """Readings that disagree; and when prefetch 4 looks faster, both trusted on one run only."""
             faster = tally.value(alt) > tally.value(key) * (1 + TOLERANCE)
-            return [k for k in (key, alt) if tally.count(k) < max_runs
-                    and (not tally.settled(k) or (faster and not tally.confirmed(k)))]
+            return [
+                k
+                for k in (key, alt)
+                if tally.count(k) < max_runs and (not tally.settled(k) or (faster and not tally.confirmed(k)))
+            ]
 
         repeats += settle(tally, lambda k: measure_at(k[0], k[1]), open_pf, in_budget)
         if tally.value(alt) > tally.value(key) * (1 + TOLERANCE):
@@ -398,9 +435,18 @@ def tune(loader: Any, max_workers: int, seconds: float, emit: Callable[[str, dic
     settings: list[dict[str, Any]] = []
     for k in sorted(tally.keys(), key=lambda k: (k[0], k[1] or 0)):
         lo, hi = tally.interval(k)
-        settings.append({"num_workers": k[0], "prefetch_factor": k[1], "samples_per_s": round(tally.value(k), 2),
-                         "runs": tally.count(k), "settled": tally.settled(k), "spread": round(tally.spread_of(k), 3),
-                         "low": round(lo, 2), "high": round(hi, 2)})
+        settings.append(
+            {
+                "num_workers": k[0],
+                "prefetch_factor": k[1],
+                "samples_per_s": round(tally.value(k), 2),
+                "runs": tally.count(k),
+                "settled": tally.settled(k),
+                "spread": round(tally.spread_of(k), 3),
+                "low": round(lo, 2),
+                "high": round(hi, 2),
+            }
+        )
     result["points"] = rows
     result["settings"] = settings
     result["best_measured"] = max(float(x["samples_per_s"]) for x in settings)

@@ -84,14 +84,21 @@ def suggest(key: str, codes: Sequence[Code]) -> tuple[list[str], str]:
             starting = [c for c in known if c.startswith(prefix)]
             if not starting:
                 return [], f"; no code starts with {prefix}: {listing}"
-            more = f" ({len(starting)} codes start with {prefix}: `torchdoctor codes --prefix {prefix}`)" if len(starting) > 3 else ""
+            more = (
+                f" ({len(starting)} codes start with {prefix}: `torchdoctor codes --prefix {prefix}`)"
+                if len(starting) > 3
+                else ""
+            )
             return starting[:3], f"; did you mean {', '.join(starting[:3])}?{more}"
         close = near_codes(int(digits), known)
         if close:
             return close, f"; did you mean {', '.join(close)}?"
         hundred = [c for c in known if c[2] == digits[0]]
-        where = (f"the TD{digits[0]}xx codes are {hundred[0]} to {hundred[-1]}: `torchdoctor codes --prefix TD{digits[0]}`"
-                 if hundred else f"there are no TD{digits[0]}xx codes")
+        where = (
+            f"the TD{digits[0]}xx codes are {hundred[0]} to {hundred[-1]}: `torchdoctor codes --prefix TD{digits[0]}`"
+            if hundred
+            else f"there are no TD{digits[0]}xx codes"
+        )
         return [], f"; no code is close to it ({where}); {listing}"
     names = {c.name: c.code for c in codes}
     close = difflib.get_close_matches(k.lower(), list(names), n=3, cutoff=0.6)
@@ -144,8 +151,10 @@ def write_one(c: Code, out: IO[str]) -> None:
         ]
         variant = _preflight_variant(c)
         if variant is not None and c.check is None:
-            sections += [("What `torchdoctor check` says before the run", _placeholders_to_words(variant.message)),
-                         ("How to fix it before the run", _placeholders_to_words(variant.fix))]
+            sections += [
+                ("What `torchdoctor check` says before the run", _placeholders_to_words(variant.message)),
+                ("How to fix it before the run", _placeholders_to_words(variant.fix)),
+            ]
         sections.append(("Known false positives", c.false_positives))
         for heading, body in sections:
             console.print()
@@ -167,7 +176,10 @@ def markdown(codes: Sequence[Code]) -> str:
         "| code | name | family | severity | title |",
         "|---|---|---|---|---|",
     ]
-    lines += [f"| [{c.code}](#{c.code.lower()}-{c.name}) | `{c.name}` | `{c.family}` | {c.severity.label} | {c.title} |" for c in codes]
+    lines += [
+        f"| [{c.code}](#{c.code.lower()}-{c.name}) | `{c.name}` | `{c.family}` | {c.severity.label} | {c.title} |"
+        for c in codes
+    ]
     lines += ["", "## Families", "", "| family | what went wrong |", "|---|---|"]
     lines += [f"| `{slug}` | {desc} |" for slug, desc in FAMILIES.items()]
     anchors = {c.code: f"{c.code.lower()}-{c.name}" for c in codes}

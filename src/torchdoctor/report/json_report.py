@@ -25,8 +25,9 @@ def summary(findings: Sequence[Finding]) -> dict[str, int]:
     return {"error": counts.get("error", 0), "warning": counts.get("warning", 0), "info": counts.get("info", 0)}
 
 
-def document(findings: Sequence[Finding], command: str, context: dict[str, Any],
-             passed: Sequence[Passed] | None = None) -> dict[str, Any]:
+def document(
+    findings: Sequence[Finding], command: str, context: dict[str, Any], passed: Sequence[Passed] | None = None
+) -> dict[str, Any]:
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": command}
     doc.update(context)
     doc["findings"] = [f.to_dict() for f in findings]
@@ -36,7 +37,12 @@ def document(findings: Sequence[Finding], command: str, context: dict[str, Any],
     return doc
 
 
-def write(findings: Sequence[Finding], command: str, out: IO[str], context: dict[str, Any],
-          passed: Sequence[Passed] | None = None) -> None:
+def write(
+    findings: Sequence[Finding],
+    command: str,
+    out: IO[str],
+    context: dict[str, Any],
+    passed: Sequence[Passed] | None = None,
+) -> None:
     json.dump(document(findings, command, context, passed), out, indent=2, default=str)
     out.write("\n")

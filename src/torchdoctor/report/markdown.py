@@ -19,8 +19,9 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def render(findings: Sequence[Finding], command: str, context: dict[str, Any],
-           passed: Sequence[Passed] | None = None) -> str:
+def render(
+    findings: Sequence[Finding], command: str, context: dict[str, Any], passed: Sequence[Passed] | None = None
+) -> str:
     s = summary(findings)
     lines = [f"## torchdoctor {command}", ""]
     if context.get("source"):
@@ -44,10 +45,11 @@ def render(findings: Sequence[Finding], command: str, context: dict[str, Any],
         lines += ["### ✅ Checked and fine", ""]
         if passed:
             lines += ["| checked | found | how it was judged | codes |", "|---|---|---|---|"]
-            lines += [f"| {_cell(p.subject)} | {_cell(p.value)} | {_cell(p.detail)} | {_cell(compact_codes(p.codes))} |"
-                      for p in passed]
+            lines += [
+                f"| {_cell(p.subject)} | {_cell(p.value)} | {_cell(p.detail)} | {_cell(compact_codes(p.codes))} |"
+                for p in passed
+            ]
         else:
             lines += ["Nothing could be checked and found fine (see the findings above)."]
         lines.append("")
     return "\n".join(lines)
-

@@ -75,8 +75,14 @@ def finding_block(f: Finding) -> Group:
     return Group(*parts)
 
 
-def write(findings: Sequence[Finding], command: str, out: IO[str], context: dict[str, Any],
-          passed: Sequence[Passed] | None = None, verbose: bool = False) -> None:
+def write(
+    findings: Sequence[Finding],
+    command: str,
+    out: IO[str],
+    context: dict[str, Any],
+    passed: Sequence[Passed] | None = None,
+    verbose: bool = False,
+) -> None:
     with stripped(out) as console:
         _write(console, findings, command, context, passed, verbose)
 
@@ -164,8 +170,14 @@ def _isatty(out: IO[str]) -> bool:
         return False
 
 
-def _write(console: Console, findings: Sequence[Finding], command: str, context: dict[str, Any],
-           passed: Sequence[Passed] | None = None, verbose: bool = False) -> None:
+def _write(
+    console: Console,
+    findings: Sequence[Finding],
+    command: str,
+    context: dict[str, Any],
+    passed: Sequence[Passed] | None = None,
+    verbose: bool = False,
+) -> None:
     source = context.get("source")
     title = f"torchdoctor {command}" + (f" · {source}" if source else "")
     console.print(Text(title, style="bold"))

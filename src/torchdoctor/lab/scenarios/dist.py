@@ -93,8 +93,13 @@ def _spawned_rank(rank: int, world: int, port: int, mode: str) -> None:
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=rank, world_size=world,
-                                timeout=_timeout(JOIN_TIMEOUT_S))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{LOOPBACK}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=_timeout(JOIN_TIMEOUT_S),
+        )
         _collective(rank, mode)
         dist.destroy_process_group()
     except Exception:
@@ -106,8 +111,9 @@ def _spawned_rank(rank: int, world: int, port: int, mode: str) -> None:
 def _spawn(mode: str, world: int = 2) -> None:
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_spawned_rank, args=(world, free_port(), mode), nprocs=world, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _spawned_rank, args=(world, free_port(), mode), nprocs=world, join=False, start_method="spawn"
+    )
     while not ctx.join(grace_period=GRACE_S):
         pass
 
@@ -126,6 +132,7 @@ def _init_env(timeout_s: float = STORE_TIMEOUT_S) -> None:
 
 
 # -- dist-env: a variable of env:// missing ----------------------------------------------------------
+
 
 def _env_missing(missing: str, fixed: bool) -> None:
     import torch
@@ -150,7 +157,7 @@ def _declare_env_missing(var: str) -> None:
         family="dist-env",
         code="TD450",
         summary=f"init_process_group('gloo', init_method='env://') with {var} unset: "
-                f"'environment variable {var} expected, but not set'",
+        f"'environment variable {var} expected, but not set'",
         fix="set all four variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), as torchrun does",
         seconds=2.0,
         timeout=60.0,
@@ -167,12 +174,13 @@ for _var in ENV_VARS:
 
 # -- dist-port: MASTER_PORT already bound ------------------------------------------------------------
 
+
 @scenario(
     name="dist-port-in-use",
     family="dist-port",
     code="TD451",
     summary="rank 0's store on a MASTER_PORT that another socket (opened by the body on 127.0.0.1) listens on: "
-            "'failed to listen on any local network address ... EADDRINUSE'",
+    "'failed to listen on any local network address ... EADDRINUSE'",
     fix="a free port (found by binding port 0) for MASTER_PORT",
     seconds=2.0,
     timeout=60.0,
@@ -197,12 +205,13 @@ def dist_port_in_use(fixed: bool) -> None:
 
 # -- dist-connect: ranks missing, no master ----------------------------------------------------------
 
+
 @scenario(
     name="dist-rank0-alone",
     family="dist-connect",
     code="TD452",
     summary=f"rank 0 of WORLD_SIZE=2 starts alone; its store waits {STORE_TIMEOUT_S:g} s for the other rank: "
-            "'Timed out after N seconds waiting for clients. 1/2 clients joined.'",
+    "'Timed out after N seconds waiting for clients. 1/2 clients joined.'",
     fix="start every rank (torch.multiprocessing.start_processes with nprocs=WORLD_SIZE)",
     seconds=6.0,
     timeout=90.0,
@@ -222,7 +231,7 @@ def dist_rank0_alone(fixed: bool) -> None:
     family="dist-connect",
     code="TD453",
     summary=f"rank 1 of 2 starts while nothing listens on MASTER_ADDR:MASTER_PORT (127.0.0.1); it tries twice for "
-            f"{CONNECT_TIMEOUT_S:g} s: 'The client socket has timed out after ...ms while trying to connect to'",
+    f"{CONNECT_TIMEOUT_S:g} s: 'The client socket has timed out after ...ms while trying to connect to'",
     fix="start every rank, rank 0 included (torch.multiprocessing.start_processes with nprocs=WORLD_SIZE)",
     seconds=8.0,
     timeout=90.0,
@@ -239,12 +248,13 @@ def dist_no_master(fixed: bool) -> None:
 
 # -- dist-hang: a peer dies or hangs (torch.multiprocessing) -----------------------------------------
 
+
 @scenario(
     name="dist-peer-killed",
     family="dist-hang",
     code="TD454",
     summary="two ranks under torch.multiprocessing; rank 1 is SIGKILLed before all_reduce: the survivor reports "
-            "'Connection closed by peer', the parent 'process 1 terminated with signal SIGKILL'",
+    "'Connection closed by peer', the parent 'process 1 terminated with signal SIGKILL'",
     fix="the peer survives (no kill): find and fix the first rank that died; its own error is the root cause",
     seconds=8.0,
     timeout=90.0,
@@ -260,7 +270,7 @@ def dist_peer_killed(fixed: bool) -> None:
     family="dist-hang",
     code="TD455",
     summary=f"two ranks under torch.multiprocessing; rank 1 sleeps instead of calling all_reduce: rank 0 gives up "
-            f"after {TIMEOUT_S:g} s ('Timed out waiting ...ms for recv operation to complete')",
+    f"after {TIMEOUT_S:g} s ('Timed out waiting ...ms for recv operation to complete')",
     fix="every rank reaches the collective (no sleep); find the rank that did not",
     seconds=10.0,
     timeout=90.0,
@@ -274,11 +284,27 @@ def dist_peer_hangs(fixed: bool) -> None:
 
 # -- the same under torchrun ---------------------------------------------------------------------------
 
+
 def _torchrun(mode: str, extra_env: dict[str, str] | None = None) -> None:
     """Replace this child with torchrun starting two ranks of this module (one node, c10d rendezvous on loopback)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{free_port()}", "--max-restarts", "0",
-            "-m", "torchdoctor.lab.scenarios.dist", mode]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{LOOPBACK}:{free_port()}",
+        "--max-restarts",
+        "0",
+        "-m",
+        "torchdoctor.lab.scenarios.dist",
+        mode,
+    ]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, {**os.environ, **DIST_ENV, **(extra_env or {})})
@@ -289,7 +315,7 @@ def _torchrun(mode: str, extra_env: dict[str, str] | None = None) -> None:
     family="dist-hang",
     code="TD454",
     summary="torchrun, two ranks; rank 1 is SIGKILLed before all_reduce: rank 0 'Connection closed by peer', "
-            "torchrun's ChildFailedError names rank 1 (exitcode -9) as the first failure",
+    "torchrun's ChildFailedError names rank 1 (exitcode -9) as the first failure",
     fix="the peer survives (no kill): find and fix the first rank that died; its own error is the root cause",
     seconds=6.0,
     timeout=90.0,
@@ -306,7 +332,7 @@ def torchrun_peer_killed(fixed: bool) -> None:
     family="dist-hang",
     code="TD455",
     summary=f"torchrun, two ranks; rank 1 sleeps instead of calling all_reduce: rank 0 times out after "
-            f"{TIMEOUT_S:g} s, torchrun's ChildFailedError names rank 0",
+    f"{TIMEOUT_S:g} s, torchrun's ChildFailedError names rank 0",
     fix="every rank reaches the collective (no sleep); find the rank that did not",
     seconds=9.0,
     timeout=90.0,
@@ -323,7 +349,7 @@ def torchrun_peer_hangs(fixed: bool) -> None:
     family="host-oom",
     code="TD270",
     summary="torchrun, two ranks; rank 1 runs out of memory (RLIMIT_AS) before all_reduce: its "
-            "'DefaultCPUAllocator' error is the root cause, rank 0's 'Connection closed by peer' a cascade",
+    "'DefaultCPUAllocator' error is the root cause, rank 0's 'Connection closed by peer' a cascade",
     fix="rank 1 allocates within its memory (no oversized tensor)",
     seconds=7.0,
     timeout=90.0,
@@ -337,12 +363,13 @@ def torchrun_peer_oom(fixed: bool) -> None:
 
 # -- rank-divergence: collectives that do not match -----------------------------------------------------
 
+
 @scenario(
     name="dist-collective-shape-mismatch",
     family="rank-divergence",
     code="TD456",
     summary="torchrun, TORCH_DISTRIBUTED_DEBUG=DETAIL; rank 0 all_reduces 4 elements, rank 1 five: "
-            "'Detected mismatch between collectives on ranks'",
+    "'Detected mismatch between collectives on ranks'",
     fix="the same tensor shape on every rank",
     seconds=8.0,
     timeout=90.0,
@@ -358,7 +385,7 @@ def dist_collective_shape_mismatch(fixed: bool) -> None:
     family="rank-divergence",
     code="TD456",
     summary="torchrun, TORCH_DISTRIBUTED_DEBUG=DETAIL; rank 0 calls all_reduce then broadcast, rank 1 the other "
-            "way round: 'Detected mismatch between collectives on ranks'",
+    "way round: 'Detected mismatch between collectives on ranks'",
     fix="the same collectives in the same order on every rank",
     seconds=8.0,
     timeout=90.0,

@@ -24,7 +24,7 @@ def _producer(q: Any, done: Any, n: int) -> None:
     family="fd-exhausted",
     code="TD150",
     summary=f"a torch.multiprocessing queue delivers {TENSORS} tensors to a receiver that keeps them, "
-            f"with RLIMIT_NOFILE lowered to {LOW_NOFILE}: 'received 0 items of ancdata'",
+    f"with RLIMIT_NOFILE lowered to {LOW_NOFILE}: 'received 0 items of ancdata'",
     fix="torch.multiprocessing.set_sharing_strategy('file_system') in both processes",
     seconds=3.0,
     timeout=60.0,
@@ -67,7 +67,7 @@ def _lower_nofile() -> None:
     family="fd-exhausted",
     code="TD151",
     summary=f"a DataLoader with spawn workers pickles a dataset of {TENSORS} tensors under the file_descriptor "
-            f"strategy with RLIMIT_NOFILE {LOW_NOFILE}: 'unable to open shared memory object … Too many open files (24)'",
+    f"strategy with RLIMIT_NOFILE {LOW_NOFILE}: 'unable to open shared memory object … Too many open files (24)'",
     fix="DataLoader(..., multiprocessing_context='fork'): the dataset is inherited, only batches are shared",
     seconds=3.0,
     timeout=60.0,
@@ -87,8 +87,8 @@ def fd_spawn_dataset(fixed: bool) -> None:
     family="fd-exhausted",
     code="TD152",
     summary=f"the main process keeps every batch from 2 fork workers (500 batches, one storage each) with "
-            f"RLIMIT_NOFILE {LOW_NOFILE}: the DataLoader's own 'Too many open files. Communication with the "
-            "workers is no longer possible'",
+    f"RLIMIT_NOFILE {LOW_NOFILE}: the DataLoader's own 'Too many open files. Communication with the "
+    "workers is no longer possible'",
     fix="torch.multiprocessing.set_sharing_strategy('file_system') at the start (as torch's message says)",
     seconds=2.5,
     timeout=60.0,

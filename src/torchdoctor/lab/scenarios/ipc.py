@@ -39,6 +39,7 @@ PROT_NONE = 0  # not exported by the mmap module
 
 # -- helpers (run in the child only) ----------------------------------------------------------
 
+
 def _map_count() -> int:
     with open("/proc/self/maps", "rb") as f:
         return sum(1 for _ in f)
@@ -84,8 +85,12 @@ def _owner(fixed: bool, tensors: int, leave: int | None) -> None:
     data = [torch.full((ELEMENTS,), float(i)) for i in range(tensors)]
     if leave is not None:
         _use_up_map_slots(leave)
-    loader: Any = DataLoader(data, batch_size=256, num_workers=2,  # type: ignore[arg-type]
-                             multiprocessing_context="fork" if fixed else None)
+    loader: Any = DataLoader(
+        data,  # type: ignore[arg-type]
+        batch_size=256,
+        num_workers=2,
+        multiprocessing_context="fork" if fixed else None,
+    )
     seen = sum(len(batch) for batch in loader)
     method = "fork" if fixed else multiprocessing.get_start_method()
     print(f"iterated {seen} samples; workers started with {method}")
@@ -104,41 +109,68 @@ def _run_owner(method: str, fixed: bool, tensors: int, leave: int | None) -> Non
 
 # -- shm-map-count ----------------------------------------------------------------------------
 
-_MC = dict(family="shm-map-count", code="TD155", private_shm=True,
-           fix="DataLoader(..., multiprocessing_context='fork'): only batches are shared, not the dataset")
+_MC = dict(
+    family="shm-map-count",
+    code="TD155",
+    private_shm=True,
+    fix="DataLoader(..., multiprocessing_context='fork'): only batches are shared, not the dataset",
+)
 
 
-@scenario(name="map-count-spawn", **_MC,
-          summary=f"the seed case: a DataLoader with 2 workers in a spawn child, file_system strategy, "
-                  f"{SEED_TENSORS:,} small tensors pickled to the workers: 'unable to mmap … Cannot allocate memory (12)'",
-          seconds=15.0, timeout=120.0, memory_mb=2048, slow=True)
+@scenario(
+    name="map-count-spawn",
+    **_MC,
+    summary=f"the seed case: a DataLoader with 2 workers in a spawn child, file_system strategy, "
+    f"{SEED_TENSORS:,} small tensors pickled to the workers: 'unable to mmap … Cannot allocate memory (12)'",
+    seconds=15.0,
+    timeout=120.0,
+    memory_mb=2048,
+    slow=True,
+)
 def map_count_spawn(fixed: bool) -> None:
     _run_owner("spawn", fixed, SEED_TENSORS, None)
 
 
-@scenario(name="map-count-forkserver", **_MC,
-          summary=f"the seed case in a forkserver child: {SEED_TENSORS:,} small tensors, file_system strategy",
-          seconds=15.0, timeout=120.0, memory_mb=2048, slow=True)
+@scenario(
+    name="map-count-forkserver",
+    **_MC,
+    summary=f"the seed case in a forkserver child: {SEED_TENSORS:,} small tensors, file_system strategy",
+    seconds=15.0,
+    timeout=120.0,
+    memory_mb=2048,
+    slow=True,
+)
 def map_count_forkserver(fixed: bool) -> None:
     _run_owner("forkserver", fixed, SEED_TENSORS, None)
 
 
-@scenario(name="map-count-fast-spawn", **_MC,
-          summary=f"a spawn child uses up its own memory-map slots (all but {FAST_LEAVE}), then its DataLoader "
-                  f"shares {FAST_TENSORS:,} tensors under file_system: the seed case's error in seconds",
-          seconds=5.0, timeout=90.0, memory_mb=1536)
+@scenario(
+    name="map-count-fast-spawn",
+    **_MC,
+    summary=f"a spawn child uses up its own memory-map slots (all but {FAST_LEAVE}), then its DataLoader "
+    f"shares {FAST_TENSORS:,} tensors under file_system: the seed case's error in seconds",
+    seconds=5.0,
+    timeout=90.0,
+    memory_mb=1536,
+)
 def map_count_fast_spawn(fixed: bool) -> None:
     _run_owner("spawn", fixed, FAST_TENSORS, FAST_LEAVE)
 
 
-@scenario(name="map-count-fast-forkserver", **_MC,
-          summary=f"the fast variant in a forkserver child: map slots used up, {FAST_TENSORS:,} tensors shared",
-          seconds=4.0, timeout=90.0, memory_mb=1536)
+@scenario(
+    name="map-count-fast-forkserver",
+    **_MC,
+    summary=f"the fast variant in a forkserver child: map slots used up, {FAST_TENSORS:,} tensors shared",
+    seconds=4.0,
+    timeout=90.0,
+    memory_mb=1536,
+)
 def map_count_fast_forkserver(fixed: bool) -> None:
     _run_owner("forkserver", fixed, FAST_TENSORS, FAST_LEAVE)
 
 
 # -- shm-exhausted ----------------------------------------------------------------------------
+
 
 def _grow_private_shm() -> None:
     """The fix, applied where it is safe: only to the private /dev/shm of this mount namespace."""
@@ -169,11 +201,19 @@ class FrameDataset:
         return torch.full((1024, 1024), float(i))
 
 
-@scenario(name="shm-no-space", family="shm-exhausted", code="TD156", shm_size="16m",
-          summary="2 workers hand 16 MiB batches (prefetch 2) to the main process through a 16 MiB /dev/shm: "
-                  "'unable to allocate shared memory(shm) … No space left on device (28)'",
-          fix="a larger /dev/shm (here: the private mount grown to 512 MiB; Docker --shm-size, k8s emptyDir Memory)",
-          needs=("torch", "root", "unshare"), seconds=4.0, timeout=60.0, memory_mb=1536)
+@scenario(
+    name="shm-no-space",
+    family="shm-exhausted",
+    code="TD156",
+    shm_size="16m",
+    summary="2 workers hand 16 MiB batches (prefetch 2) to the main process through a 16 MiB /dev/shm: "
+    "'unable to allocate shared memory(shm) … No space left on device (28)'",
+    fix="a larger /dev/shm (here: the private mount grown to 512 MiB; Docker --shm-size, k8s emptyDir Memory)",
+    needs=("torch", "root", "unshare"),
+    seconds=4.0,
+    timeout=60.0,
+    memory_mb=1536,
+)
 def shm_no_space(fixed: bool) -> None:
     if fixed:
         _grow_private_shm()
@@ -200,11 +240,19 @@ class ShmCacheDataset:
         return cache[:4].clone()
 
 
-@scenario(name="shm-sigbus", family="shm-exhausted", code="TD157", shm_size="16m",
-          summary="each worker fills a 32 MiB cache file mapped from a 16 MiB /dev/shm "
-                  "(torch.from_file(..., shared=True)): the worker dies of SIGBUS, torch prints its shm hint",
-          fix="a larger /dev/shm (here: the private mount grown to 512 MiB; Docker --shm-size, k8s emptyDir Memory)",
-          needs=("torch", "root", "unshare"), seconds=4.0, timeout=60.0, memory_mb=1536)
+@scenario(
+    name="shm-sigbus",
+    family="shm-exhausted",
+    code="TD157",
+    shm_size="16m",
+    summary="each worker fills a 32 MiB cache file mapped from a 16 MiB /dev/shm "
+    "(torch.from_file(..., shared=True)): the worker dies of SIGBUS, torch prints its shm hint",
+    fix="a larger /dev/shm (here: the private mount grown to 512 MiB; Docker --shm-size, k8s emptyDir Memory)",
+    needs=("torch", "root", "unshare"),
+    seconds=4.0,
+    timeout=60.0,
+    memory_mb=1536,
+)
 def shm_sigbus(fixed: bool) -> None:
     if fixed:
         _grow_private_shm()

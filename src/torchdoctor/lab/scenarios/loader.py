@@ -42,6 +42,7 @@ def as_list(batch: list[float]) -> list[float]:
 
 # -- worker-pickling --------------------------------------------------------------------------
 
+
 class TransformDataset:
     """Samples passed through ``transform`` (or anything else the dataset holds)."""
 
@@ -66,19 +67,29 @@ def double(x: Any) -> Any:
 double_lambda = lambda x: x * 2  # noqa: E731 - the point of the scenario
 
 
-@scenario(name="pickle-lambda-attribute", family="worker-pickling", code="TD550",
-          summary="a Dataset holding a lambda defined in a function, DataLoader with spawn workers: "
-                  "\"Can't pickle local object '…<locals>.<lambda>'\"",
-          fix="a module-level function (def double(x): ...) instead of the lambda", seconds=2.5)
+@scenario(
+    name="pickle-lambda-attribute",
+    family="worker-pickling",
+    code="TD550",
+    summary="a Dataset holding a lambda defined in a function, DataLoader with spawn workers: "
+    "\"Can't pickle local object '…<locals>.<lambda>'\"",
+    fix="a module-level function (def double(x): ...) instead of the lambda",
+    seconds=2.5,
+)
 def pickle_lambda_attribute(fixed: bool) -> None:
     transform = double if fixed else (lambda x: x * 2)
     print(f"{_iterate(TransformDataset(transform), 1, multiprocessing_context='spawn')} batches")
 
 
-@scenario(name="pickle-local-function", family="worker-pickling", code="TD550",
-          summary="a Dataset holding a function defined inside another function, forkserver workers: "
-                  "\"Can't pickle local object '…<locals>.scale'\"",
-          fix="define the function at module level", seconds=2.5)
+@scenario(
+    name="pickle-local-function",
+    family="worker-pickling",
+    code="TD550",
+    summary="a Dataset holding a function defined inside another function, forkserver workers: "
+    "\"Can't pickle local object '…<locals>.scale'\"",
+    fix="define the function at module level",
+    seconds=2.5,
+)
 def pickle_local_function(fixed: bool) -> None:
     def scale(x: Any) -> Any:
         return x * 2
@@ -87,10 +98,15 @@ def pickle_local_function(fixed: bool) -> None:
     print(f"{_iterate(TransformDataset(transform), 1, multiprocessing_context='forkserver')} batches")
 
 
-@scenario(name="pickle-module-lambda", family="worker-pickling", code="TD551",
-          summary="a Dataset holding a module-level lambda, spawn workers: pickle finds no '<lambda>' in the "
-                  "module: \"Can't pickle <function <lambda> …>: attribute lookup <lambda> on … failed\"",
-          fix="def double(x): ... instead of double = lambda x: ...", seconds=2.5)
+@scenario(
+    name="pickle-module-lambda",
+    family="worker-pickling",
+    code="TD551",
+    summary="a Dataset holding a module-level lambda, spawn workers: pickle finds no '<lambda>' in the "
+    'module: "Can\'t pickle <function <lambda> …>: attribute lookup <lambda> on … failed"',
+    fix="def double(x): ... instead of double = lambda x: ...",
+    seconds=2.5,
+)
 def pickle_module_lambda(fixed: bool) -> None:
     transform = double if fixed else double_lambda
     print(f"{_iterate(TransformDataset(transform), 1, multiprocessing_context='spawn')} batches")
@@ -116,24 +132,33 @@ class LockedCacheDataset(TransformDataset):
         self.lock = threading.Lock()  # a fresh lock in each worker
 
 
-@scenario(name="pickle-thread-lock", family="worker-pickling", code="TD552",
-          summary="a Dataset holding a threading.Lock, spawn workers: \"cannot pickle '_thread.lock' object\"",
-          fix="__getstate__ leaves the lock out and __setstate__ creates a new one in the worker", seconds=2.5)
+@scenario(
+    name="pickle-thread-lock",
+    family="worker-pickling",
+    code="TD552",
+    summary="a Dataset holding a threading.Lock, spawn workers: \"cannot pickle '_thread.lock' object\"",
+    fix="__getstate__ leaves the lock out and __setstate__ creates a new one in the worker",
+    seconds=2.5,
+)
 def pickle_thread_lock(fixed: bool) -> None:
     print(f"{_iterate(LockedCacheDataset(portable=fixed), 1, multiprocessing_context='spawn')} batches")
 
 
-@scenario(name="pickle-generator", family="worker-pickling", code="TD552",
-          summary="a Dataset holding a generator of its file names, forkserver workers: "
-                  "\"cannot pickle 'generator' object\"",
-          fix="materialise the generator (a list) or create it inside the worker", seconds=2.5)
+@scenario(
+    name="pickle-generator",
+    family="worker-pickling",
+    code="TD552",
+    summary="a Dataset holding a generator of its file names, forkserver workers: \"cannot pickle 'generator' object\"",
+    fix="materialise the generator (a list) or create it inside the worker",
+    seconds=2.5,
+)
 def pickle_generator(fixed: bool) -> None:
     names = (f"sample-{i}.bin" for i in range(ITEMS))
     dataset = TransformDataset(source=list(names) if fixed else names)
     print(f"{_iterate(dataset, 1, multiprocessing_context='forkserver')} batches")
 
 
-_MAIN_CODE = '''\
+_MAIN_CODE = """\
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -145,9 +170,11 @@ class Squares(Dataset):
     def __getitem__(self, i):
         return torch.tensor([i * i])
 
-'''
-_LOOP = 'for batch in DataLoader(Squares(), batch_size=4, num_workers=1, multiprocessing_context="spawn"):\n' \
-        '    print(batch.tolist())\n'
+"""
+_LOOP = (
+    'for batch in DataLoader(Squares(), batch_size=4, num_workers=1, multiprocessing_context="spawn"):\n'
+    "    print(batch.tolist())\n"
+)
 _GUARDED = 'if __name__ == "__main__":\n' + "".join("    " + line + "\n" for line in _LOOP.splitlines())
 
 
@@ -166,11 +193,16 @@ def _script(text: str, run: Callable[[Path], None]) -> None:
         run(path)
 
 
-@scenario(name="pickle-main-class", family="worker-pickling", code="TD553",
-          summary="a Dataset class defined in `python -c` code, spawn workers: the worker cannot find it "
-                  "(\"Can't get attribute 'Squares' on <module '__main__' (built-in)>\")",
-          fix="put the code in a file run as a script under `if __name__ == \"__main__\":` (or the class in a module)",
-          seconds=9.0, timeout=90.0)
+@scenario(
+    name="pickle-main-class",
+    family="worker-pickling",
+    code="TD553",
+    summary="a Dataset class defined in `python -c` code, spawn workers: the worker cannot find it "
+    "(\"Can't get attribute 'Squares' on <module '__main__' (built-in)>\")",
+    fix='put the code in a file run as a script under `if __name__ == "__main__":` (or the class in a module)',
+    seconds=9.0,
+    timeout=90.0,
+)
 def pickle_main_class(fixed: bool) -> None:
     if fixed:
         _script(_MAIN_CODE + _GUARDED, lambda p: _python([str(p)]))
@@ -178,10 +210,16 @@ def pickle_main_class(fixed: bool) -> None:
         _python(["-c", _MAIN_CODE + _LOOP])
 
 
-@scenario(name="main-guard-missing", family="worker-pickling", code="TD554",
-          summary="a training script without `if __name__ == \"__main__\":` starts spawn workers: each worker "
-                  "re-runs the script and Python stops it ('An attempt has been made to start a new process …')",
-          fix="put the training code under `if __name__ == \"__main__\":`", seconds=9.0, timeout=90.0)
+@scenario(
+    name="main-guard-missing",
+    family="worker-pickling",
+    code="TD554",
+    summary='a training script without `if __name__ == "__main__":` starts spawn workers: each worker '
+    "re-runs the script and Python stops it ('An attempt has been made to start a new process …')",
+    fix='put the training code under `if __name__ == "__main__":`',
+    seconds=9.0,
+    timeout=90.0,
+)
 def main_guard_missing(fixed: bool) -> None:
     _script(_MAIN_CODE + (_GUARDED if fixed else _LOOP), lambda p: _python([str(p)]))
 
@@ -232,11 +270,15 @@ def open_table_in_worker(worker_id: int) -> None:
     get_worker_info().dataset.open()  # type: ignore[union-attr]
 
 
-@scenario(name="worker-sigsegv", family="worker-crash", code="TD560",
-          summary="a Dataset keeps the address of a table a native library mapped in the main process; spawn "
-                  "workers get the number, not the memory, and die of SIGSEGV reading it",
-          fix="open native resources in the worker (worker_init_fn), never pass handles or addresses to it",
-          seconds=4.0)
+@scenario(
+    name="worker-sigsegv",
+    family="worker-crash",
+    code="TD560",
+    summary="a Dataset keeps the address of a table a native library mapped in the main process; spawn "
+    "workers get the number, not the memory, and die of SIGSEGV reading it",
+    fix="open native resources in the worker (worker_init_fn), never pass handles or addresses to it",
+    seconds=4.0,
+)
 def worker_sigsegv(fixed: bool) -> None:
     dataset = NativeTableDataset(open_now=not fixed)
     init = open_table_in_worker if fixed else None
@@ -271,10 +313,15 @@ class ClientDataset:
         return torch.tensor(self.client.fetch(i))
 
 
-@scenario(name="worker-sigabrt", family="worker-crash", code="TD560",
-          summary="a Dataset opens a fork-unsafe native client in the main process; forked workers use it and "
-                  "the library aborts (SIGABRT)",
-          fix="create the client lazily in the worker (first __getitem__ or worker_init_fn)", seconds=2.5)
+@scenario(
+    name="worker-sigabrt",
+    family="worker-crash",
+    code="TD560",
+    summary="a Dataset opens a fork-unsafe native client in the main process; forked workers use it and "
+    "the library aborts (SIGABRT)",
+    fix="create the client lazily in the worker (first __getitem__ or worker_init_fn)",
+    seconds=2.5,
+)
 def worker_sigabrt(fixed: bool) -> None:
     print(f"{_iterate(ClientDataset(connect_now=not fixed))} batches")
 
@@ -293,15 +340,21 @@ def ignore_sigterm(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-@scenario(name="worker-sigterm", family="worker-crash", code="TD560",
-          summary="a launcher sends SIGTERM to the job's process group (preemption); the training process "
-                  "catches it to finish the epoch and checkpoint, but its workers die of it",
-          fix="worker_init_fn ignores SIGTERM, so only the main process handles the preemption notice",
-          seconds=3.0)
+@scenario(
+    name="worker-sigterm",
+    family="worker-crash",
+    code="TD560",
+    summary="a launcher sends SIGTERM to the job's process group (preemption); the training process "
+    "catches it to finish the epoch and checkpoint, but its workers die of it",
+    fix="worker_init_fn ignores SIGTERM, so only the main process handles the preemption notice",
+    seconds=3.0,
+)
 def worker_sigterm(fixed: bool) -> None:
     if os.getpgid(0) != os.getpid():
-        sys.exit("torchdoctor lab: worker-sigterm signals its own process group and must lead it (run it through "
-                 "`torchdoctor lab run`)")
+        sys.exit(
+            "torchdoctor lab: worker-sigterm signals its own process group and must lead it (run it through "
+            "`torchdoctor lab run`)"
+        )
     preempted = []
     signal.signal(signal.SIGTERM, lambda signum, frame: preempted.append(signum))
     from torch.utils.data import DataLoader
@@ -309,8 +362,9 @@ def worker_sigterm(fixed: bool) -> None:
     dataset: Any = SlowDataset()
     # as_list keeps batches as Python objects: no tensor travels by descriptor, so the main process never
     # races a dying worker's resource sharer (that race prints ConnectionResetError instead of the loader's error)
-    loader = DataLoader(dataset, batch_size=2, num_workers=2, collate_fn=as_list,
-                        worker_init_fn=ignore_sigterm if fixed else None)
+    loader = DataLoader(
+        dataset, batch_size=2, num_workers=2, collate_fn=as_list, worker_init_fn=ignore_sigterm if fixed else None
+    )
     seen = 0
     for seen, _ in enumerate(loader, 1):
         if seen == 1:  # the launcher's notice goes to every process in the group
@@ -339,11 +393,15 @@ class CorpusDataset:
         return float(sample[-1])
 
 
-@scenario(name="worker-exit", family="worker-crash", code="TD563",
-          summary="a native decoder exits the worker process (exit status 1) on a corrupt sample: "
-                  "'DataLoader worker (pid N) exited unexpectedly with exit code 1'",
-          fix="validate samples before decoding (skip or repair corrupt ones); num_workers=0 shows where it stops",
-          seconds=7.0)
+@scenario(
+    name="worker-exit",
+    family="worker-crash",
+    code="TD563",
+    summary="a native decoder exits the worker process (exit status 1) on a corrupt sample: "
+    "'DataLoader worker (pid N) exited unexpectedly with exit code 1'",
+    fix="validate samples before decoding (skip or repair corrupt ones); num_workers=0 shows where it stops",
+    seconds=7.0,
+)
 def worker_exit(fixed: bool) -> None:
     print(f"{_iterate(CorpusDataset(validate=fixed), collate_fn=as_list)} batches")
 
@@ -372,13 +430,17 @@ def _refresh_index(held: threading.Event, release: threading.Event) -> None:
         release.wait(60)
 
 
-@scenario(name="worker-hang-timeout", family="worker-crash", code="TD565",
-          summary="a background thread of the main process holds a module-level lock while the DataLoader forks; "
-                  f"workers wait on the copied lock forever; the loader's timeout={LOADER_TIMEOUT:g} turns the hang "
-                  "into 'DataLoader timed out'",
-          fix="re-create fork-inherited locks in the worker (worker_init_fn; in a library os.register_at_fork), "
-              "or start workers with multiprocessing_context='spawn'",
-          seconds=8.0)
+@scenario(
+    name="worker-hang-timeout",
+    family="worker-crash",
+    code="TD565",
+    summary="a background thread of the main process holds a module-level lock while the DataLoader forks; "
+    f"workers wait on the copied lock forever; the loader's timeout={LOADER_TIMEOUT:g} turns the hang "
+    "into 'DataLoader timed out'",
+    fix="re-create fork-inherited locks in the worker (worker_init_fn; in a library os.register_at_fork), "
+    "or start workers with multiprocessing_context='spawn'",
+    seconds=8.0,
+)
 def worker_hang_timeout(fixed: bool) -> None:
     held, release = threading.Event(), threading.Event()
     refresher = threading.Thread(target=_refresh_index, args=(held, release), daemon=True)
@@ -409,7 +471,7 @@ class FeatureDataset:
         return COW_FLOATS // COW_CHUNK
 
     def __getitem__(self, i: int) -> float:
-        part = self.store[i * COW_CHUNK:(i + 1) * COW_CHUNK]
+        part = self.store[i * COW_CHUNK : (i + 1) * COW_CHUNK]
         value = float(part.sum()) if hasattr(part, "sum") else float(sum(part))
         time.sleep(0.1)  # the rest of a sample's work: the workers live long enough to be seen growing
         return value
@@ -429,12 +491,17 @@ def _oom_stand_in(stop: threading.Event) -> None:
                 continue
 
 
-@scenario(name="worker-sigkill", family="host-oom", code="TD562",
-          summary=f"forked workers read a feature store held as a Python list of {COW_FLOATS:,} floats; touching "
-                  "each object's refcount copies its page, so each worker's private memory grows; a memory "
-                  f"watchdog standing in for the OOM killer SIGKILLs a worker past {WORKER_BOUND_MB} MiB",
-          fix="hold the data in one tensor / numpy array (no per-object refcounts to write), not Python objects",
-          seconds=3.0, memory_mb=1536)
+@scenario(
+    name="worker-sigkill",
+    family="host-oom",
+    code="TD562",
+    summary=f"forked workers read a feature store held as a Python list of {COW_FLOATS:,} floats; touching "
+    "each object's refcount copies its page, so each worker's private memory grows; a memory "
+    f"watchdog standing in for the OOM killer SIGKILLs a worker past {WORKER_BOUND_MB} MiB",
+    fix="hold the data in one tensor / numpy array (no per-object refcounts to write), not Python objects",
+    seconds=3.0,
+    memory_mb=1536,
+)
 def worker_sigkill(fixed: bool) -> None:
     import torch
 

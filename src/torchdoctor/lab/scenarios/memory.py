@@ -42,7 +42,7 @@ def _allocate_tensor(resource_name: str, fixed: bool) -> None:
     family="host-oom",
     code="TD270",
     summary=f"RLIMIT_AS of {LIMIT // MiB} MiB set after import torch, then a {TOO_MUCH // MiB} MiB CPU tensor: "
-            "'DefaultCPUAllocator: can't allocate memory'",
+    "'DefaultCPUAllocator: can't allocate memory'",
     fix=f"allocate less than the limit ({FITS // MiB} MiB), or remove the limit (ulimit -v unlimited)",
     seconds=2.5,
     timeout=60.0,
@@ -57,7 +57,7 @@ def oom_rlimit_as(fixed: bool) -> None:
     family="host-oom",
     code="TD270",
     summary=f"RLIMIT_DATA of {LIMIT // MiB} MiB set after import torch, then a {TOO_MUCH // MiB} MiB CPU tensor: "
-            "'DefaultCPUAllocator: can't allocate memory'",
+    "'DefaultCPUAllocator: can't allocate memory'",
     fix=f"allocate less than the limit ({FITS // MiB} MiB), or remove the limit (ulimit -d unlimited)",
     seconds=2.5,
     timeout=60.0,
@@ -89,9 +89,9 @@ def oom_python_memoryerror(fixed: bool) -> None:
     family="host-oom",
     code="TD272",
     summary=f"RLIMIT_AS of {IMPORT_LIMIT // MiB} MiB set before import torch: the dynamic loader cannot map "
-            "libtorch_cpu.so ('failed to map segment from shared object')",
+    "libtorch_cpu.so ('failed to map segment from shared object')",
     fix="set memory limits after the libraries are loaded, or make them large enough for torch itself "
-        f"(it fits in {LIMIT // MiB} MiB)",
+    f"(it fits in {LIMIT // MiB} MiB)",
     seconds=1.0,
     timeout=60.0,
     memory_mb=1024,
@@ -136,8 +136,18 @@ def _run_as_nobody_with_nproc(name: str, fixed: bool) -> None:
     def lower() -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
 
-    argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
-            sys.executable, "-m", "torchdoctor.lab.child", name, *(["--fixed"] if fixed else [])]
+    argv = [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        "--",
+        sys.executable,
+        "-m",
+        "torchdoctor.lab.child",
+        name,
+        *(["--fixed"] if fixed else []),
+    ]
     print(f"RLIMIT_NPROC={limit} for uid {NOBODY}", flush=True)
     proc = subprocess.run(argv, preexec_fn=lower, cwd="/", check=False)  # noqa: S603 - argv list, no shell
     sys.exit(proc.returncode if proc.returncode >= 0 else 128 - proc.returncode)  # a signal: as a shell reports it
@@ -148,7 +158,7 @@ def _run_as_nobody_with_nproc(name: str, fixed: bool) -> None:
     family="thread-oversubscription",
     code="TD280",
     summary=f"an unprivileged process whose RLIMIT_NPROC leaves room for {NPROC_ROOM} tasks runs a matmul on a "
-            f"{POOL_THREADS}-thread OpenMP pool: 'libgomp: Thread creation failed'",
+    f"{POOL_THREADS}-thread OpenMP pool: 'libgomp: Thread creation failed'",
     fix="torch.set_num_threads(1) (OMP_NUM_THREADS=1): no pool threads to create",
     needs=("torch", "root", "setpriv"),
     seconds=3.0,

@@ -81,6 +81,7 @@ def _saved(path: str) -> None:
 
 # -- ENOENT ----------------------------------------------------------------------------------------
 
+
 @scenario(
     name="ckpt-save-missing-dir",
     family="checkpoint-io",
@@ -107,12 +108,13 @@ def ckpt_save_missing_dir(fixed: bool) -> None:
 
 # -- EPERM: immutable directory --------------------------------------------------------------------
 
+
 @scenario(
     name="ckpt-save-immutable-dir",
     family="checkpoint-io",
     code="TD651",
     summary="torch.save as root into a directory with the immutable attribute (chattr +i): "
-            "'open file failed with strerror: Operation not permitted'",
+    "'open file failed with strerror: Operation not permitted'",
     fix="remove the attribute (chattr -i DIR), then save",
     needs=("torch", "root", "chattr"),
     seconds=2.0,
@@ -137,12 +139,13 @@ def ckpt_save_immutable_dir(fixed: bool) -> None:
 
 # -- EROFS: read-only bind mount -------------------------------------------------------------------
 
+
 @scenario(
     name="ckpt-save-readonly-mount",
     family="checkpoint-io",
     code="TD652",
     summary="torch.save into a read-only bind mount (private mount namespace): "
-            "'open file failed with strerror: Read-only file system'",
+    "'open file failed with strerror: Read-only file system'",
     fix="write to a writable volume instead of the read-only mount",
     needs=("torch", "root", "unshare"),
     seconds=2.0,
@@ -168,9 +171,20 @@ def ckpt_save_readonly_mount(fixed: bool) -> None:
 
 # -- EACCES: unprivileged user, directory owned by root ---------------------------------------------
 
+
 def _rerun_as_nobody(name: str, fixed: bool, directory: str) -> int:
-    argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
-            sys.executable, "-m", "torchdoctor.lab.child", name, *(["--fixed"] if fixed else [])]
+    argv = [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        "--",
+        sys.executable,
+        "-m",
+        "torchdoctor.lab.child",
+        name,
+        *(["--fixed"] if fixed else []),
+    ]
     env = {**os.environ, "TORCHDOCTOR_LAB_DIR": directory}
     rc = subprocess.run(argv, env=env, cwd="/", check=False).returncode  # noqa: S603 - argv list, no shell
     return rc if rc >= 0 else 128 - rc  # a signal: as a shell reports it
@@ -181,7 +195,7 @@ def _rerun_as_nobody(name: str, fixed: bool, directory: str) -> int:
     family="checkpoint-io",
     code="TD653",
     summary="torch.save as an unprivileged user (setpriv, uid 65534) into a root-owned 0755 directory: "
-            "'open file failed with strerror: Permission denied' (root itself ignores mode bits)",
+    "'open file failed with strerror: Permission denied' (root itself ignores mode bits)",
     fix="give the training user the directory (chown), then save",
     needs=("torch", "root", "setpriv"),
     seconds=2.0,
@@ -206,6 +220,7 @@ def ckpt_save_permission_denied(fixed: bool) -> None:
 
 
 # -- ENOSPC: a full file system --------------------------------------------------------------------
+
 
 def _full_fs_save(fixed: bool, file_object: bool, legacy: bool = False) -> None:
     import torch
@@ -239,7 +254,7 @@ def _full_fs_save(fixed: bool, file_object: bool, legacy: bool = False) -> None:
     family="checkpoint-io",
     code="TD655",
     summary=f"torch.save(obj, path) of a 16 MiB tensor onto a {FULL_FS_SIZE} private tmpfs: the writer fails "
-            "mid-file ('basic_ios::clear: iostream error', 'unexpected pos') and leaves a truncated file",
+    "mid-file ('basic_ios::clear: iostream error', 'unexpected pos') and leaves a truncated file",
     fix=f"enough space ({ROOMY_FS_SIZE} tmpfs) and an atomic save (temporary file + os.replace)",
     needs=("torch", "root", "unshare"),
     seconds=2.0,
@@ -255,7 +270,7 @@ def ckpt_save_disk_full(fixed: bool) -> None:
     family="checkpoint-io",
     code="TD654",
     summary=f"torch.save(obj, open(path, 'wb')) of a 16 MiB tensor onto a {FULL_FS_SIZE} private tmpfs: "
-            "'OSError: [Errno 28] No space left on device'",
+    "'OSError: [Errno 28] No space left on device'",
     fix=f"enough space ({ROOMY_FS_SIZE} tmpfs) and an atomic save (temporary file + os.replace)",
     needs=("torch", "root", "unshare"),
     seconds=2.0,
@@ -271,7 +286,7 @@ def ckpt_save_disk_full_fileobj(fixed: bool) -> None:
     family="checkpoint-io",
     code="TD654",
     summary=f"torch.save(obj, path, _use_new_zipfile_serialization=False) (the pre-1.6 format) of a 16 MiB tensor "
-            f"onto a {FULL_FS_SIZE} private tmpfs: 'write(): fd N failed with No space left on device'",
+    f"onto a {FULL_FS_SIZE} private tmpfs: 'write(): fd N failed with No space left on device'",
     fix=f"enough space ({ROOMY_FS_SIZE} tmpfs) and an atomic save (temporary file + os.replace)",
     needs=("torch", "root", "unshare"),
     seconds=2.0,
@@ -297,8 +312,9 @@ def _thin_disk(backing: str, disk: str, backing_size: str) -> None:
     image = os.path.join(backing, "disk.img")
     with open(image, "wb") as f:
         f.truncate(THIN_DISK_SIZE)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", image],
-                   check=True)
+    subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", image], check=True
+    )
     subprocess.run(["mount", "-o", "loop,sync,errors=continue", image, disk], check=True)
 
 
@@ -307,8 +323,8 @@ def _thin_disk(backing: str, disk: str, backing_size: str) -> None:
     family="checkpoint-io",
     code="TD658",
     summary=f"torch.save (pre-1.6 format) of a 16 MiB tensor onto a {THIN_DISK_SIZE // MiB} MiB ext4 image backed by "
-            f"{THIN_BACKING_SIZE} only (a thin-provisioned disk running out, private mount namespace): "
-            "'write(): fd N failed with Input/output error'",
+    f"{THIN_BACKING_SIZE} only (a thin-provisioned disk running out, private mount namespace): "
+    "'write(): fd N failed with Input/output error'",
     fix="a disk whose backing store has room (64m) and an atomic save (temporary file + os.replace)",
     needs=("torch", "root", "unshare", "chattr"),  # chattr: e2fsprogs, which also provides mkfs.ext4
     seconds=3.0,
@@ -335,13 +351,14 @@ def ckpt_save_io_error(fixed: bool) -> None:
 
 # -- a truncated checkpoint ------------------------------------------------------------------------
 
+
 @scenario(
     name="ckpt-load-truncated",
     family="checkpoint-io",
     code="TD656",
     summary="a good checkpoint is overwritten in place by a save that fails on a full file system (that earlier "
-            "job's error is not part of this log); torch.load of the result: 'PytorchStreamReader failed reading "
-            "zip archive: failed finding central directory'",
+    "job's error is not part of this log); torch.load of the result: 'PytorchStreamReader failed reading "
+    "zip archive: failed finding central directory'",
     fix="save atomically (temporary file + os.replace): the failed save leaves the previous checkpoint intact",
     needs=("torch", "root", "unshare"),
     seconds=2.0,

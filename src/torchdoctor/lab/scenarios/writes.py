@@ -101,7 +101,7 @@ def _lost(path: str) -> int:
     family="concurrent-write",
     code="TD657",
     summary=f"{WRITERS} processes append {RECORDS} JSON lines each to one file with unbuffered print(); reading it "
-            "back: records glued onto one line ('JSONDecodeError: Extra data')",
+    "back: records glued onto one line ('JSONDecodeError: Extra data')",
     fix="serialise the appends with a file lock (filelock.FileLock around each write of whole lines)",
     seconds=3.0,
     timeout=120.0,
@@ -116,8 +116,11 @@ def writes_shared_jsonl(fixed: bool) -> None:
         mp.start_processes(_writer, args=(path, fixed), nprocs=WRITERS, start_method="fork")
         records, torn, empty = _read_back(path)
         lost = _lost(path)
-        print(f"{path}: {WRITERS * RECORDS} records written by {WRITERS} processes; {len(records)} lines parse, "
-              f"{len(torn)} do not, {empty} empty, {lost} records lost", flush=True)
+        print(
+            f"{path}: {WRITERS * RECORDS} records written by {WRITERS} processes; {len(records)} lines parse, "
+            f"{len(torn)} do not, {empty} empty, {lost} records lost",
+            flush=True,
+        )
         if torn:
             with open(path) as f:
                 line = f.readlines()[torn[0] - 1]
@@ -183,7 +186,7 @@ def _run_publish(fixed: bool, shared_stage: bool) -> None:
     family="concurrent-write",
     code="TD659",
     summary=f"{RANKS} ranks write into one staging directory tmp-checkpoint-{STEP}, then each renames it to "
-            f"checkpoint-{STEP}: the first rename wins, the others fail with FileNotFoundError '...' -> '...'",
+    f"checkpoint-{STEP}: the first rename wins, the others fail with FileNotFoundError '...' -> '...'",
     fix="one process renames (rank 0, after a barrier); the others wait for it",
     seconds=2.0,
     timeout=60.0,
@@ -198,7 +201,7 @@ def writes_ranks_rename_staging(fixed: bool) -> None:
     family="concurrent-write",
     code="TD659",
     summary=f"{RANKS} ranks each write into their own staging directory tmp-checkpoint-XXXX, then rename it to "
-            f"checkpoint-{STEP}: the first rename wins, the others fail with '[Errno 39] Directory not empty'",
+    f"checkpoint-{STEP}: the first rename wins, the others fail with '[Errno 39] Directory not empty'",
     fix="rank 0 creates the final directory, every rank moves its own files into it (os.replace per file)",
     seconds=2.0,
     timeout=60.0,
@@ -222,8 +225,11 @@ def _save_same_path(rank: int, path: str, barrier: Any, fixed: bool) -> None:
     the ranks' files differ in layout: writes of one rank land at offsets of another's."""
     import torch
 
-    state = {"samples_seen": 100 * (rank + 1) ** 4, "rank_rng": [rank] * (rank + 1),
-             **{f"layer{i}.weight": torch.full((LAYER_ELEMS,), float(i)) for i in range(LAYERS)}}
+    state = {
+        "samples_seen": 100 * (rank + 1) ** 4,
+        "rank_rng": [rank] * (rank + 1),
+        **{f"layer{i}.weight": torch.full((LAYER_ELEMS,), float(i)) for i in range(LAYERS)},
+    }
     barrier.wait()
     if not fixed or rank == 0:
         torch.save(state, path, _use_new_zipfile_serialization=False)
@@ -234,7 +240,7 @@ def _save_same_path(rank: int, path: str, barrier: Any, fixed: bool) -> None:
     family="concurrent-write",
     code="TD660",
     summary=f"{RANKS} ranks torch.save (legacy format) to one path at once, then the job resumes from it: "
-            f"torch.load fails with 'storage has wrong size' (repeated up to {SAVE_ROUNDS} rounds until it shows)",
+    f"torch.load fails with 'storage has wrong size' (repeated up to {SAVE_ROUNDS} rounds until it shows)",
     fix="save from rank 0 only (the others skip torch.save)",
     seconds=4.0,
     timeout=120.0,
@@ -253,8 +259,9 @@ def writes_ranks_same_checkpoint(fixed: bool) -> None:
         for rnd in range(1, SAVE_ROUNDS + 1):
             barrier = multiprocessing.get_context("fork").Barrier(RANKS, timeout=30)
             mp.start_processes(_save_same_path, args=(path, barrier, fixed), nprocs=RANKS, start_method="fork")
-            print(f"round {rnd}: {os.path.getsize(path)} bytes saved by {1 if fixed else RANKS} process(es)",
-                  flush=True)
+            print(
+                f"round {rnd}: {os.path.getsize(path)} bytes saved by {1 if fixed else RANKS} process(es)", flush=True
+            )
             try:
                 state = torch.load(path, weights_only=False)
             except (pickle.UnpicklingError, MemoryError) as exc:  # the same race seen earlier in the file:
@@ -304,7 +311,7 @@ def _rotate(rank: int, old: str, barrier: Any, fixed: bool) -> None:
     family="concurrent-write",
     code="TD661",
     summary=f"{RANKS} ranks shutil.rmtree the same old checkpoint directory ({SHARDS * FILES_PER_SHARD} files) at "
-            "once: the losers fail with FileNotFoundError on entries another rank deleted first",
+    "once: the losers fail with FileNotFoundError on entries another rank deleted first",
     fix="rank 0 deletes, the other ranks wait at a barrier",
     seconds=2.0,
     timeout=60.0,
@@ -320,7 +327,8 @@ def writes_ranks_rmtree_checkpoint(fixed: bool) -> None:
         old = _old_checkpoint(root)
         barrier = multiprocessing.get_context("fork").Barrier(RANKS, timeout=30)
         mp.start_processes(_rotate, args=(old, barrier, fixed), nprocs=RANKS, start_method="fork")
-        print(f"{old}: deleted by {1 if fixed else RANKS} rank(s); left in {root}: {sorted(os.listdir(root))}",
-              flush=True)
+        print(
+            f"{old}: deleted by {1 if fixed else RANKS} rank(s); left in {root}: {sorted(os.listdir(root))}", flush=True
+        )
     finally:
         shutil.rmtree(root)

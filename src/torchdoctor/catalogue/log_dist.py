@@ -14,6 +14,40 @@ from ..registry import Code, register
 from ..signature import Role, Signature
 from ..signature import prose_gap as _gap
 
+# trigger words shared by the prose symptoms below (a stall; a rank's or a device's name)
+_STALL_WORDS = (
+    "hang",
+    "Hang",
+    "hung",
+    "Hung",
+    "stuck",
+    "Stuck",
+    "freez",
+    "Freez",
+    "frozen",
+    "Frozen",
+    "deadlock",
+    "Deadlock",
+    "block",
+    "Block",
+    "forever",
+    "never return",
+)
+_RANK_WORDS = (
+    "rank",
+    "Rank",
+    "GPU",
+    "gpu",
+    "process",
+    "Process",
+    "device",
+    "worker",
+    "node",
+    "DDP",
+    "ddp",
+    "istributed",
+)
+
 _FIRST = (
     "Find the first rank that failed (torchrun's 'Root Cause (first observed failure)', the earliest "
     "traceback) and fix its own error; "
@@ -232,24 +266,7 @@ TD453 = register(
             ),
             Signature(
                 role=Role.SYMPTOM,
-                triggers=(
-                    "hang",
-                    "Hang",
-                    "hung",
-                    "Hung",
-                    "stuck",
-                    "Stuck",
-                    "freez",
-                    "Freez",
-                    "frozen",
-                    "Frozen",
-                    "deadlock",
-                    "Deadlock",
-                    "block",
-                    "Block",
-                    "forever",
-                    "never return",
-                ),
+                triggers=_STALL_WORDS,
                 pattern=r"(?i)\binit_process_group\b"
                 + _gap(80, "(?i:hang|hung|stuck|freez|frozen|deadlock|block|work|connect|time ?out|timed out)")
                 + r"\b(?:hangs?|hung|hanging|stuck|freez\w*|frozen|block\w*|"
@@ -395,24 +412,7 @@ TD455 = register(
             ),
             Signature(  # prose: "with DDP the script gets frozen", "the all_reduce hangs"
                 role=Role.SYMPTOM,
-                triggers=(
-                    "hang",
-                    "Hang",
-                    "hung",
-                    "Hung",
-                    "stuck",
-                    "Stuck",
-                    "freez",
-                    "Freez",
-                    "frozen",
-                    "Frozen",
-                    "deadlock",
-                    "Deadlock",
-                    "block",
-                    "Block",
-                    "forever",
-                    "never return",
-                ),
+                triggers=_STALL_WORDS,
                 pattern=r"(?i)\b(?:ddp|distributed\w*|nccl|all_?reduce|all_?gather|broadcasts?|barrier|collectives?|"
                 r"multi[- ]?gpus?|multiple gpus)\b"
                 + _gap(80, "(?i:hang|hung|stuck|freez|frozen|deadlock|block|work|connect|time ?out|timed out)")
@@ -778,20 +778,7 @@ TD466 = register(
         signatures=(
             Signature(  # prose: "parameters differ across ranks", "loss is different on every GPU"
                 role=Role.SYMPTOM,
-                triggers=(
-                    "rank",
-                    "Rank",
-                    "GPU",
-                    "gpu",
-                    "process",
-                    "Process",
-                    "device",
-                    "worker",
-                    "node",
-                    "DDP",
-                    "ddp",
-                    "istributed",
-                ),
+                triggers=_RANK_WORDS,
                 pattern=r"(?i)\b(?:weights?|parameters?|params|gradients?|models?|seeds?|states?|buffers?|loss(?:es)?)\b"
                 + _gap(40, "(?i:rank|gpu|process|device|worker|node|ddp|distributed)")
                 + r"\b(?:differ\w*|not the same|not identical|inconsistent|mismatch\w*|"
@@ -817,20 +804,7 @@ TD466 = register(
             ),
             Signature(  # prose: "returning None from training_step with multi-GPU DDP freezes", "skip the batch on one rank"
                 role=Role.SYMPTOM,
-                triggers=(
-                    "rank",
-                    "Rank",
-                    "GPU",
-                    "gpu",
-                    "process",
-                    "Process",
-                    "device",
-                    "worker",
-                    "node",
-                    "DDP",
-                    "ddp",
-                    "istributed",
-                ),
+                triggers=_RANK_WORDS,
                 pattern=r"(?i)\b(?:return(?:s|ing|ed)?\s+None|skip(?:s|ping|ped)?\s+(?:the\s+|a\s+|this\s+|some\s+)?"
                 r"(?:training\s+)?(?:steps?|batch(?:es)?|iterations?|backward))\b"
                 + _gap(80, "(?i:rank|gpu|process|device|worker|node|ddp|distributed)")

@@ -205,3 +205,20 @@ def test_torchdoctor_explain_is_callable_even_after_its_submodules_are_imported(
     import torchdoctor.explain.model  # noqa: F401  (binds the package to the name on torchdoctor)
 
     assert torchdoctor.explain(FAILURE + "\n").codes() == ["TD150"]
+
+
+def test_a_loader_target_raising_with_a_lone_surrogate_is_reported_not_an_internal_error(tmp_path: Path) -> None:
+    target = tmp_path / "t.py"
+    target.write_text(
+        'def make_loader():\n    raise RuntimeError("bad \\ud800 value in the dataset")\n', encoding="utf-8"
+    )
+    proc = subprocess.run(
+        [PY, "-m", "torchdoctor", "loader", f"{target}:make_loader"],
+        capture_output=True,
+        env=_env(),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr.decode(errors="replace")
+    assert b"TD501" in proc.stdout and b"bad ? value" in proc.stdout
+    assert b"internal error" not in proc.stderr

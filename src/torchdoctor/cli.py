@@ -303,11 +303,12 @@ def codes(code: str | None, family: str | None, prefix: str | None, fmt: str) ->
 
 
 def _degrade_streams() -> None:
-    """Output degrades to what the terminal can show (a non-UTF-8 locale, PYTHONIOENCODING=ascii):
-    characters the stream cannot encode become ``?``, never an error."""
+    """Output degrades to what the terminal can show (a non-UTF-8 locale, PYTHONIOENCODING=ascii, a
+    lone surrogate in a user's exception message): what the stream cannot encode becomes ``?``,
+    never an error."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8":
+        if reconfigure is not None:  # UTF-8 too: a lone surrogate from user text cannot be encoded
             try:
                 reconfigure(errors="replace")
             except (ValueError, OSError):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -317,7 +316,3 @@ def proc_memory(pid: int) -> dict[str, int] | None:
         return None
     uss = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
     return {"rss": fields.get("Rss", 0), "pss": fields.get("Pss", fields.get("Rss", 0)), "uss": uss}
-
-
-def python_argv(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from ..model import Severity
 from ..registry import Code, register
 from ..signature import Role, Signature
+from .log_nccl import _HANG as _NCCL_HANG
+from .log_nccl import _HANG_WORDS as _NCCL_HANG_WORDS
 
 _KEYS = r"SeqNum=|OpType=|Numel(?:In|ln|Out)=|Timeout\(ms\)="
 _FIELD = (
@@ -26,23 +28,9 @@ _WORK = rf"WorkNCCL\((?:{_FIELD}(?:,\s*|(?=\))))+\)"
 a skipped field cannot start like a known one, so a line without the parenthesis fails in linear time."""
 _WORK_DEFAULTS = {"seq": "?", "op": "?", "timeout_ms": "?"}
 _SYMPTOM_VALUES = {"seq": "?", "op": "a collective", "timeout_ms": "the process group timeout"}
-_HANG = r"(?:hangs?|hung|hanging|stuck|freez\w*|frozen|deadlock\w*|blocked)"
-_HANG_WORDS = (
-    " hang",
-    "Hang",
-    " hung",
-    "stuck",
-    "Stuck",
-    "freez",
-    "Freez",
-    "frozen",
-    "Frozen",
-    "deadlock",
-    "Deadlock",
-    "HANG",
-    "blocked",
-)
-"""Triggers for a hang word (' hang': not 'change', 'exchange')."""
+_HANG = _NCCL_HANG[:-1] + "|blocked)"
+_HANG_WORDS = (*_NCCL_HANG_WORDS, "blocked")
+"""log_nccl's hang words, and ``blocked``."""
 _TIMEOUT_CONFIRM = (
     "Look for `Watchdog caught collective operation timeout ... Timeout(ms)=1800000` and check whether "
     "one rank was still busy (preprocessing, evaluation, saving) when the others waited."

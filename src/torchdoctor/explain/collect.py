@@ -116,14 +116,7 @@ class Collector:
             return False
         if len(group.ranks) < MAX_GROUP_RANKS:
             group.ranks.add(rank)
-        rec = self.ranks.get(rank)
-        if rec is None:
-            if len(self.ranks) >= MAX_RANKS:
-                self.ranks_dropped += 1
-                return True
-            rec = self.ranks[rank] = RankRecord()
-        rec.host = rec.host or host
-        rec.codes[key[0]] = rec.codes.get(key[0], 0) + 1
+        self._count_on_rank(rank, host, key[0])
         return True
 
     def add(self, ev: Event) -> None:
@@ -134,18 +127,24 @@ class Collector:
         if group is None:
             group = self.groups[key] = Group(ev.code, ev.role, ev.confidence, ev)
         group.add(ev)
-        rank = ev.ref.rank
-        if rank is None:
+        if ev.ref.rank is None:
             return
-        rec = self.ranks.get(rank)
+        rec = self._count_on_rank(ev.ref.rank, ev.ref.host, ev.code)
         if rec is None:
-            if len(self.ranks) >= MAX_RANKS:
-                self.ranks_dropped += 1
-                return
-            rec = self.ranks[rank] = RankRecord()
-        rec.host = rec.host or ev.ref.host
-        rec.codes[ev.code] = rec.codes.get(ev.code, 0) + 1
+            return
         if len(rec.timeline) < TIMELINE:
             rec.timeline.append(ev)
         if rec.first is None or ev.seq < rec.first.seq:
             rec.first = ev
+
+    def _count_on_rank(self, rank: int, host: str | None, code: str) -> RankRecord | None:
+        """The rank's record with one more line of ``code``; None past :data:`MAX_RANKS` (counted as dropped)."""
+        rec = self.ranks.get(rank)
+        if rec is None:
+            if len(self.ranks) >= MAX_RANKS:
+                self.ranks_dropped += 1
+                return None
+            rec = self.ranks[rank] = RankRecord()
+        rec.host = rec.host or host
+        rec.codes[code] = rec.codes.get(code, 0) + 1
+        return rec

@@ -79,8 +79,6 @@ class Guess:
     confidence: float
     cues: tuple[str, ...]
     """The words behind the guess, strongest first."""
-    lead: float = 0.0
-    """Summed log-odds over the runner-up family."""
 
 
 @lru_cache(maxsize=1)
@@ -114,7 +112,7 @@ def guess(text: str, allowed_codes: Iterable[str] | None = None, m: dict[str, An
         return None
     lead = 1 - math.exp(-(score - runner_up) / MARGIN_SCALE)
     confidence = round(MIN_CONFIDENCE + (MAX_CONFIDENCE - MIN_CONFIDENCE) * lead, 2)
-    return Guess(family, code, confidence, tuple(t for _, t in hit[:6]), round(score - runner_up, 2))
+    return Guess(family, code, confidence, tuple(t for _, t in hit[:6]))
 
 
 def _code(m: dict[str, Any], family: str, toks: set[str], allowed: set[str] | None) -> str | None:

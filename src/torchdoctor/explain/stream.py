@@ -557,8 +557,7 @@ def _read_block(
     repeats. Returns the window bytes left after the block, and the block's newline count."""
     plan = repeats.runs(block.data, block.start, block.end)
     runs, newlines = plan.runs, plan.newlines
-    if block.lines < 0 or block.first_line != first_line:
-        block = Block(block.data, block.start, block.end, first_line, newlines)
+    block = Block(block.data, block.start, block.end, first_line, newlines)
     if runs is None:
         return proc.walk(block, scanner.scan(block.data, block.start, block.end), window_left), newlines
     data, pos, line = block.data, block.start, block.first_line

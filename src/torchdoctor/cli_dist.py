@@ -143,6 +143,8 @@ def dist(
     """
     from .dist.probe import DEFAULT_SIZES, ProbeConfig
 
+    if plot and not plot.lower().endswith((".png", ".svg")):
+        raise UsageError(f"--plot {plot!r}: use a .png or .svg file name")
     launcher = inside_launcher(dict(os.environ))
     if launcher:
         # this process is one rank already (torchrun, srun, or RANK/WORLD_SIZE set by hand): probe it

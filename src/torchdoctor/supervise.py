@@ -203,6 +203,24 @@ def _wait_gone(sid: int, limit: float = GONE_WAIT) -> None:
         psutil.wait_procs(members, timeout=0.5)
 
 
+def _wait_dead(procs: list[psutil.Process], limit: float) -> None:
+    """Wait until each of ``procs`` is gone or a zombie. An orphan's zombie waits for PID 1 to reap it,
+    which in some containers never happens; it no longer runs, so it counts as ended."""
+    deadline = time.monotonic() + limit
+    alive = list(procs)
+    while alive and time.monotonic() < deadline:
+        still = []
+        for p in alive:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    still.append(p)
+            except psutil.Error:
+                continue
+        alive = still
+        if alive:
+            time.sleep(0.02)
+
+
 class _Descendants:
     """Every process seen below the child while it lived, by (pid, start time)."""
 
@@ -286,7 +304,7 @@ def supervise(
             except psutil.Error:
                 continue
         if escaped:
-            psutil.wait_procs(escaped, timeout=2.0)
+            _wait_dead(escaped, 2.0)
         if poll is not None:
             poll()
     result.seconds = round(time.perf_counter() - started, 3)

@@ -110,3 +110,14 @@ def read_records(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int
 
 def journals(directory: Path) -> Iterator[Path]:
     yield from sorted(directory.glob("rank-*.jsonl"))
+
+
+def rank_of(path: Path) -> int | None:
+    """The rank a journal belongs to, from its name (``rank-3.jsonl``); None for a rank without a number."""
+    stem = path.name.removeprefix("rank-").removesuffix(".jsonl")
+    return int(stem) if stem.isdigit() else None
+
+
+def records_in(directory: Path) -> dict[int | None, list[dict[str, Any]]]:
+    """Every journal of a run directory, read whole: rank -> records."""
+    return {rank_of(path): read_records(path)[0] for path in journals(directory)}

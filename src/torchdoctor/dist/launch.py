@@ -23,13 +23,13 @@ from typing import Any
 
 from ..errors import UsageError
 from ..supervise import Limits, child_env, reap_session, start, supervise
-from .journal import DIR_VAR, journals, read_records
+from .journal import DIR_VAR, journals, rank_of, read_records
 from .probe import CONFIG_VAR, DEFAULT_SIZES, DEFAULT_TIMEOUT, WATCHDOG_SLACK, Fault, ProbeConfig
 from .report import DistReport, build, states_from_gathered
 from .rules import STEPS, WAITING_CODES, RankState, rank_states
 
 #: How long past a step's deadline (and the rank's own watchdog) this process waits before ending a rank.
-MARGIN = 1.0
+MARGIN = 0.5
 LOOPBACK = "127.0.0.1"
 
 
@@ -153,11 +153,7 @@ class Watcher:
         reap_session(self.agent_pid)
 
     def by_rank(self) -> dict[int | None, list[dict[str, Any]]]:
-        out: dict[int | None, list[dict[str, Any]]] = {}
-        for path, recs in self.records.items():
-            stem = path.stem.removeprefix("rank-")
-            out[int(stem) if stem.isdigit() else None] = recs
-        return out
+        return {rank_of(path): recs for path, recs in self.records.items()}
 
     def states(self) -> dict[int | None, RankState]:
         states = rank_states(self.by_rank())

@@ -51,7 +51,7 @@ FAULTS = ("kill", "exit", "hang", "stop", "wrong")
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_SIZES = (4 * 1024, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024)
 #: The watchdog fires this long after torch's own timeout would have.
-WATCHDOG_SLACK = 0.5
+WATCHDOG_SLACK = 1.0
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 124
 EXIT_STOPPED = 143
@@ -169,8 +169,10 @@ def env_from_slurm(env: dict[str, str]) -> dict[str, str]:
 class Watchdog:
     """Ends the rank when a step outlives its deadline, and records SIGTERM/SIGINT as ``stopped``."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, last_words: Callable[[], object] | None = None) -> None:
         self.journal = journal
+        self.last_words = last_words
+        """Called before the watchdog ends the process (a rank no launcher of ours reads prints its report)."""
         self._armed: tuple[str, float, float] | None = None
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="torchdoctor-dist-watchdog", daemon=True).start()
@@ -206,6 +208,11 @@ class Watchdog:
                     mirror_wait=0.3,
                 )
                 self.journal.write({"event": "end", "ok": False}, mirror_wait=0.3)
+                if self.last_words is not None:
+                    try:
+                        self.last_words()
+                    except Exception:  # noqa: BLE001 - the exit below matters more than the report
+                        pass
                 os._exit(EXIT_TIMEOUT)
 
     def _install_signals(self) -> None:
@@ -252,8 +259,10 @@ class Probe:
 
     # -- running steps ------------------------------------------------------------------------
 
-    def run(self) -> bool:
-        self.watchdog = Watchdog(self.journal)
+    def run(self, last_words: Callable[[], object] | None = None) -> bool:
+        self.watchdog = Watchdog(self.journal, last_words)
+        import torch.distributed  # noqa: F401 - imported before any deadline runs: a slow import is not a hang
+
         for name in STEPS:
             self.step(name, getattr(self, f"step_{name}"))
         ok = not self.failed
@@ -276,6 +285,7 @@ class Probe:
         record: dict[str, Any] = {"event": "step", "step": name}
         try:
             self.inject(name)
+            self.arrive(name)
             record.update(status="ok", details=fn() or {})
         except StepFailed as exc:
             record.update(status="failed", message=exc.message, code=exc.code, details=exc.details, fix=exc.fix)
@@ -284,9 +294,31 @@ class Probe:
             record.update(status="failed", message=_one_line(exc), **explained(text))
         finally:
             self.watchdog.disarm()
+        if record["status"] == "failed" and "missing_ranks" not in (record.get("details") or {}):
+            missing = self.not_arrived(name)
+            if missing:
+                record["details"] = {**(record.get("details") or {}), "missing_ranks": missing}
         record["seconds"] = round(time.monotonic() - started, 3)
         self.failed = record["status"] != "ok"
         self.journal.write(record)
+
+    def _arrival_key(self, step: str, rank: int) -> str:
+        return f"{KEY_PREFIX}/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/arrived/{step}/{rank}"
+
+    def arrive(self, step: str) -> None:
+        """Tell the others this rank reached ``step`` (so a rank that waits in vain can name who never came)."""
+        if self.store is not None and self.rank is not None:
+            self.store.set(self._arrival_key(step, self.rank), "1")
+
+    def not_arrived(self, step: str) -> list[int]:
+        """The ranks that never reached ``step``, when this rank's wait there failed."""
+        if self.store is None or self.world is None or step in ("env", "rendezvous"):
+            return []
+        try:
+            missing = [r for r in range(self.world) if not self.store.check([self._arrival_key(step, r)])]
+        except Exception:  # noqa: BLE001 - the store went away with the job
+            return []
+        return missing if len(missing) < self.world else []
 
     def inject(self, name: str) -> None:
         fault = self.cfg.fault
@@ -608,6 +640,28 @@ def _ranks_in(message: str) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", head)]
 
 
+def report_self(probe: Probe, journal: Journal, cfg: ProbeConfig) -> bool:
+    """What a rank prints when no launcher of ours reports: rank 0 reports every rank (from the store);
+    a rank that never reached the store reports itself (nobody else can); others one line on failure."""
+    from .report import render, report_from_gathered
+
+    if probe.rank in (0, None) or not journal.store_key:
+        gathered = journal.gathered or {"ranks": {str(probe.rank or 0): journal.mirror()}, "findings": probe.findings}
+        report = report_from_gathered(gathered, probe.backend)
+        report.seconds = time.time() - float(journal.hello.get("t") or time.time())
+        render(report, cfg.report or "text", sys.stdout)
+        sys.stdout.flush()
+        return report.ok
+    failed = next((s for s in journal.steps if s.get("status") not in ("ok", "skipped")), None)
+    if failed:
+        print(
+            f"torchdoctor dist: rank {probe.rank} on {probe.host}: step {failed.get('step')} "
+            f"{failed.get('status')}: {failed.get('message', '')} [{failed.get('code') or '-'}]",
+            file=sys.stderr,
+        )
+    return failed is None
+
+
 def main(cfg: ProbeConfig | None = None) -> int:
     """Entry point of one rank (``python -m torchdoctor.dist``, or ``torchdoctor dist`` inside a launcher)."""
     os.environ.update(env_from_slurm(dict(os.environ)))
@@ -632,25 +686,9 @@ def main(cfg: ProbeConfig | None = None) -> int:
             "pid": os.getpid(),
         }
     )
-    ok = probe.run()
-    if not os.environ.get(DIR_VAR) and cfg.report:
-        from .report import render, report_from_gathered
-
-        if probe.rank in (0, None):
-            gathered = journal.gathered or {
-                "ranks": {str(probe.rank or 0): journal.mirror()},
-                "findings": probe.findings,
-            }
-            report = report_from_gathered(gathered, probe.backend)
-            report.seconds = time.time() - float(journal.hello.get("t") or time.time())
-            render(report, cfg.report, sys.stdout)
-            ok = ok and report.ok
-        elif not ok:
-            failed = next((s for s in journal.steps if s.get("status") not in ("ok", "skipped")), {})
-            print(
-                f"torchdoctor dist: rank {probe.rank} on {probe.host}: step {failed.get('step')} "
-                f"{failed.get('status')}: {failed.get('message', '')} [{failed.get('code') or '-'}]",
-                file=sys.stderr,
-            )
+    reports = not os.environ.get(DIR_VAR) and bool(cfg.report)
+    ok = probe.run(last_words=(lambda: report_self(probe, journal, cfg)) if reports else None)
+    if reports:
+        ok = report_self(probe, journal, cfg) and ok
     sys.stdout.flush()
     return 0 if ok else EXIT_FAILED

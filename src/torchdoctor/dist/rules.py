@@ -184,6 +184,8 @@ class RankState:
     """What the launcher saw: ``{"exitcode", "signal"}`` when the rank failed."""
     overdue: bool = False
     """The launcher gave up waiting for its running step (it hung where its own watchdog could not act)."""
+    missed: set[str] = field(default_factory=set)
+    """Steps where another rank waited for this one in vain (it never arrived)."""
     last: dict[str, Any] | None = None
 
     @property
@@ -210,6 +212,11 @@ def rank_states(records: Mapping[int | None, Iterable[Mapping[str, Any]]]) -> di
         for rec in recs:
             _apply(st, rec)
         out[rank] = st
+    for st in list(out.values()):
+        for step, rec in st.steps.items():
+            for r in (rec.get("details") or {}).get("missing_ranks") or []:
+                if isinstance(r, int) and r in out and step not in out[r].steps:
+                    out[r].missed.add(step)
     return out
 
 
@@ -238,7 +245,7 @@ def status_of(st: RankState, step: str) -> tuple[str, float | None]:
     if rec is not None:
         return str(rec.get("status")), rec.get("seconds")
     if st.running == step:
-        if st.overdue:
+        if st.overdue or step in st.missed:
             return "timeout", None
         if st.died():
             return "died", None
@@ -320,6 +327,11 @@ def _failure(
         who = f" (rank {waited_by} waited for it)" if waited_by is not None else ""
         message = f"rank {st.rank} did not finish step {step} within its deadline{who}"
         code = "TD452" if step in ("rendezvous", "init") else ("TD490" if backend == "nccl" else "TD455")
+        master = ((st.steps.get("env") or {}).get("details") or {}).get("master")
+        if step == "rendezvous" and st.rank not in (0, None):
+            code = "TD453"  # a client that never got through to the store
+            message = f"rank {st.rank} could not reach the rendezvous store at {master or 'MASTER_ADDR:MASTER_PORT'}"
+            message += " within its deadline: rank 0 is not running there, or the address/port is wrong or blocked"
     info = lookup(code) if code else None
     return {
         "step": step,

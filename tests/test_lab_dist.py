@@ -269,3 +269,13 @@ def test_torchrun_sigkill_confirms_host_oom_not_a_hang() -> None:
     assert (by_code["TD459"].family, by_code["TD459"].role) == ("host-oom", "confirmation")
     assert by_code["TD459"].values["pid"] in text.split("failed (exitcode: -9)")[1].split("\n")[0]
     assert report.diagnoses[0].code == "TD454", "the survivor's cascade still leads; no root cause is invented"
+
+
+def test_store_based_barrier_counts_in_every_wording() -> None:
+    """torch 1.8-2.0 print `worker_count=`, torch >= 2.1 `num_workers_joined=` and then ` error=...`."""
+    old = signature_values("TD462", (LOGS / "TD462" / "ezflow-194-world2-count1.log").read_text(encoding="utf-8"))
+    new = signature_values(
+        "TD462", (LOGS / "TD462" / "local-store-based-barrier-torch-2.13.log").read_text(encoding="utf-8")
+    )
+    assert old[0]["count"] == "1" and old[0]["timeout"] == "0:30:00"
+    assert new[0]["world"] == "2" and new[0]["count"] == "1" and new[0]["timeout"] == "0:00:01"

@@ -120,6 +120,12 @@ def test_shm_open_without_errno_is_not_read_as_no_space() -> None:
     assert not signature_values("TD156", fixture_text("TD156", "near-open-shm-read-write.log"))
 
 
+def test_map_count_under_the_file_descriptor_strategy() -> None:
+    """The default strategy maps a descriptor, so torch names no segment (`<filename not specified>`)."""
+    (values,) = signature_values("TD155", fixture_text("TD155", "pytorch-92134-file-descriptor-strategy.log"))
+    assert values["strategy"] == "file_descriptor" and values["bytes"] == "2048"
+
+
 @pytest.mark.parametrize(
     "name",
     [

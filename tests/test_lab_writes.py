@@ -22,6 +22,7 @@ import pytest
 
 from torchdoctor.lab.scenarios import writes
 
+from .support import fixture_text
 from .support.lab import (
     LabRuns,
     closed_loop,
@@ -172,3 +173,10 @@ def test_one_deleter_leaves_nothing_and_fails_no_rank(runs: LabRuns) -> None:
     assert m, text[-2000:]
     assert m["n"] == "1" and m["left"] == ""
     assert "FileNotFoundError" not in text
+
+
+def test_python2_json_wording_names_the_column() -> None:
+    """Python 2.7 and 3.0-3.4 raise ValueError and also print where the extra data ends."""
+    (values,) = signature_values("TD657", fixture_text("TD657", "gns3-gui-611-python34-valueerror.log"))
+    assert values["line"] == "1" and values["column"] == "3"
+    assert not signature_values("TD657", fixture_text("TD657", "near-nlvr-1-python27-json-load.log"))

@@ -231,6 +231,8 @@ EXPECTED: dict[str, list[dict[str, str]]] = {
     # widened wordings: old CUDA error numbers, NCCL result lines of other printers, NCCL < 2.8 segment names,
     # WorkNCCL without SeqNum/Timeout or wrapped after "Watchdog caught"
     "TD356/semantic-segmentation-68-error-101.log": [{}],
+    "TD361/faster-rcnn-808-thc-error-999.log": [{}],
+    "TD361/fastphotostyle-45-torch-0.3-thcgeneral-c.log": [{}],
     "TD357/colabtools-1685-title.log": [{"found": "not printed"}],
     "TD480/romp-80-nccl-error-2.log": [{"nccl_version": "version not printed on this line"}],
     "TD480/nccl-tests-15-common-cu.log": [{"test_where": "common.cu:921"}],

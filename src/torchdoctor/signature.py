@@ -43,7 +43,8 @@ that fails :attr:`Signature.pattern` is tried twice more (:meth:`Signature.match
   match when what it does hold covers one of the signature's triggers in full (the stable core
   phrase); values cut at the end of the line are dropped.
 
-Exclusions apply to every form, so near misses stay near misses.
+Exclusions apply to every form, and accept placeholders where they name a value (``\d+``, a named
+group) just as the pattern does, so near misses stay near misses once their values are scrubbed.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ PLACEHOLDER = (
 _CUT_MARKS = re.compile(r"(?:\s*(?:\.{3,}|…|\[(?:truncated|cut)\]))+\s*$")
 MIN_CUT_MATCH = 12
 """A cut line must hold at least this many characters of the pattern (and a whole trigger)."""
+_MAX_STARTS = 32
+"""Start positions a placeholder-tolerant search tries before giving up (see ``Signature._tolerant_search``)."""
 
 
 def tolerant(pattern: str) -> str:
@@ -159,7 +162,9 @@ class Signature:
 
     @cached_property
     def exclusions(self) -> tuple[re.Pattern[str], ...]:
-        return tuple(re.compile(e) for e in self.exclude)
+        """The :attr:`exclude` regexes, tolerant of placeholders like the pattern (a near miss whose
+        values were scrubbed, ``[Errno XXX] Address already in use``, is still that near miss)."""
+        return tuple(re.compile(tolerant(e)) for e in self.exclude)
 
     @property
     def symptom(self) -> bool:
@@ -188,8 +193,8 @@ class Signature:
         m = self.regex.search(line)
         if m is not None:
             return self._values(m)
-        t = self.tolerant_regex.search(line) if self._has_values else None
-        if t is not None and self._holds_trigger(t.group(0)):
+        t = self._tolerant_search(line) if self._has_values else None
+        if t is not None:
             return self._values(t)
         if (cut or _CUT_MARKS.search(line)) and not self.symptom:  # prose ends where it likes
             return self._cut_match(line)
@@ -198,19 +203,36 @@ class Signature:
     def _holds_trigger(self, text: str) -> bool:
         return any(t in text for t in self.triggers)
 
+    def _tolerant_search(self, text: str, partial: bool = False) -> Any:
+        """The first match of :attr:`tolerant_regex` in ``text`` that holds a whole trigger, or None.
+
+        Not merely the leftmost match: where a pattern's head is optional, a placeholder-shaped value
+        earlier in the line (NCCL's ``[0]`` device tag) is a match of its own that holds no trigger,
+        and the one that does starts later. Later starts are tried up to the last trigger."""
+        last = max(text.rfind(t) for t in self.triggers)
+        if last < 0:
+            return None
+        pos = 0
+        for _ in range(_MAX_STARTS):
+            try:
+                m = self.tolerant_regex.search(text, pos, partial=partial, timeout=0.05)
+            except TimeoutError:
+                return None
+            if m is None or m.start() > last:
+                return None
+            if self._holds_trigger(m.group(0)):
+                return m
+            pos = m.start() + 1
+        return None
+
     def _cut_match(self, line: str) -> dict[str, str] | None:
         """Values when ``line`` ends inside the pattern, holding a whole trigger (module doc)."""
         text = _CUT_MARKS.sub("", line.rstrip())
         if len(text) < MIN_CUT_MATCH:
             return None
-        try:
-            m = self.tolerant_regex.search(text, partial=True, timeout=0.05)
-        except TimeoutError:
-            return None
+        m = self._tolerant_search(text, partial=True)
         # a full match counts too: the cut fell where the pattern may end (`...c:3...` once `...` is gone)
         if m is None or len(m.group(0)) < MIN_CUT_MATCH:
-            return None
-        if not self._holds_trigger(m.group(0)):
             return None
         found = {k: v for k, v in m.groupdict().items() if v is not None and m.end(k) < len(text)}
         return {**self.values, **found}

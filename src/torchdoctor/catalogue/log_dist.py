@@ -153,7 +153,7 @@ TD451 = register(
                 pattern=r"(?i)\b(?:address|port|master_port|master port)\b[^.\n]{0,40}?\b(?:is |was )?already "
                 r"(?:in use|used|taken|occupied)",
                 exclude=(
-                    r"\[Errno 98\]",
+                    r"\[Errno \d+\]",  # Python's own socket error (98 on Linux, 48 on macOS): another program's server
                     r"\] bind: Address already in use",
                     r"(?i)tensorboard|jupyter|gradio|"
                     r"streamlit|flask|uvicorn|http server",

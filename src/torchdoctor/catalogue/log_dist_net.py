@@ -115,9 +115,11 @@ TD462 = register(
             Signature(
                 role=Role.CASCADE,
                 triggers=("process group in store based barrier",),
+                # torch 1.8-2.0: "on rank: 3, ... worker_count=N, timeout=T)"; torch >= 2.1 (pytorch/pytorch#98000):
+                # "on rank 3, ... num_workers_joined=N, timeout=T)", from 2.2 with " error=..." before the ")"
                 pattern=r"(?i:timed out initializing process group in store based barrier)(?: on rank:? (?P<barrier_rank>\d+)"
-                r", for key: (?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), worker_count=(?P<count>\d+), "
-                r"timeout=(?P<timeout>[^)]+))\))?",
+                r", for key: (?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)="
+                r"(?P<count>\d+), timeout=(?P<timeout>[^)]+?))(?: error=[^)]*)?\))?",
                 values={"detail": "timed out; the counts were not printed"},
                 confidence=0.8,
             ),
@@ -125,8 +127,8 @@ TD462 = register(
                 role=Role.CASCADE,
                 triggers=("Waiting in store based barrier",),
                 pattern=r"Waiting in store based barrier to initialize process group for rank: (?P<barrier_rank>\d+), key: "
-                r"(?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), worker_count=(?P<count>\d+), "
-                r"timeout=(?P<timeout>[^)]+))\)",
+                r"(?P<key>[^\s(]+) \((?P<detail>world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)="
+                r"(?P<count>\d+), timeout=(?P<timeout>[^)]+?))(?: error=[^)]*)?\)",
                 confidence=0.5,
             ),
         ),

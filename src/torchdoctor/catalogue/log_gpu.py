@@ -395,6 +395,14 @@ TD361 = register(
                 pattern=r"CUDA unknown error - this may be due to an incorrectly set up environment",
                 confidence=0.85,
             ),
+            Signature(  # torch <= 1.4: THC's check of cudaGetDeviceCount in THCudaInit (cudaErrorUnknown: 30, 999 from
+                # CUDA 10.1), printed by THCudaCheck and raised as "cuda runtime error (N) : unknown error at ..."
+                role=Role.ROOT_CAUSE,
+                triggers=("THCGeneral.c",),
+                pattern=r"(?:cuda runtime error \((?:30|999)\) : unknown error at \S*THCGeneral\.cp?p?:\d+|"
+                r"THCudaCheck FAIL file=\S*THCGeneral\.cp?p? line=\d+ error=(?:30|999) : unknown error)",
+                confidence=0.75,
+            ),
         ),
     )
 )

@@ -224,6 +224,14 @@ TD155 = register(
                 confidence=0.9,
                 values={"strategy": "file_system"},
             ),
+            Signature(  # the file_descriptor strategy (Linux default): the segment arrives as a descriptor, no name
+                role=Role.ROOT_CAUSE,
+                triggers=("unable to mmap",),
+                pattern=r"unable to mmap (?P<bytes>\d+) bytes from file <filename not specified>: "
+                r"Cannot allocate memory \(12\)",
+                confidence=0.7,
+                values={"strategy": "file_descriptor", "segment": "(received as a file descriptor)"},
+            ),
         ),
     )
 )

@@ -39,9 +39,12 @@ TD657 = register(
             Signature(
                 role=Role.ROOT_CAUSE,
                 triggers=("Extra data: line",),
-                pattern=r"JSONDecodeError: Extra data: line (?P<line>\d+) column (?P<column>\d+) \(char (?P<char>\d+)\)",
+                # Python >= 3.5 (JSONDecodeError); Python 2.7 and 3.0-3.4 raise a ValueError whose errmsg() also
+                # names where the extra data ends: "line 1 column 3 - line 1 column 73 (char 2 - 72)"
+                pattern=r"(?:JSONDecodeError|ValueError): Extra data: line (?P<line>\d+) column (?P<column>\d+) "
+                r"(?:- line \d+ column \d+ )?\(char (?P<char>\d+)(?: - \d+)?\)",
                 # column 1: the extra data starts a new line, i.e. a whole JSON-lines file read with json.load()
-                exclude=(r"Extra data: line \d+ column 1 \(",),
+                exclude=(r"Extra data: line \d+ column 1 (?:\(|- line)",),
                 confidence=0.55,
             ),
             Signature(  # prose: "repeated logs, as many times as GPUs", "every line is printed once per process"

@@ -33,6 +33,7 @@ GENERIC = (
     "failed",
     "Failed",
     "FAILED",
+    "FAIL",
     "failure",
     "Failure",
     "fatal",

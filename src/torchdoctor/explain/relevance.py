@@ -10,7 +10,7 @@ Relevance tiers (:func:`relevance`), highest first:
 * 3 a named exception (``FileNotFoundError: ...``), a fatal signal (``SIGSEGV``, ``Killed``,
   ``Segmentation fault``, ``core dumped``, C++'s ``terminate called``), an errno (``[Errno 28]``) or
   its text (``No space left on device``), a negative exit code;
-* 2 error words (``error``, ``failed``, ``failure``, ``fatal``, ``timed out``), a non-zero exit code, and launcher
+* 2 error words (``error``, ``failed``, ``failure``, ``fatal``, ``timed out``, a capital ``FAIL``), a non-zero exit code, and launcher
   wrappers that only say a process died (torchrun's ``ChildFailedError``, ``CalledProcessError``);
 * 1 warnings (``UserWarning: ...``, ``WARNING``) and launcher noise (``Sending process N closing
   signal SIGTERM``);
@@ -52,7 +52,8 @@ _ERRNO_RE = re.compile(r"\[Errno -?\d+\]|\berrno\b|\bErrno\b")
 _EXIT_RE = re.compile(
     r"(?i)\b(?:exit ?code|exitcode|exit status|return ?code|terminated with code|exited with code)\b\W{0,4}(?P<code>-?\d+)"
 )
-_ERROR_WORD_RE = re.compile(r"(?i)\b(?:error|failed|failure|fatal|timed out)\b")
+_ERROR_WORD_RE = re.compile(r"\b(?i:error|failed|failure|fatal|timed out)\b|\bFAIL\b")
+"""Error words; ``FAIL`` in capitals too (THC's ``THCudaCheck FAIL file=... error=38 : ...``)."""
 _WARN_RE = re.compile(r"\bWARN(?:ING)?\b|(?i:\bwarning:)")
 _METRIC_RE = re.compile(r"\s*[:=]\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?%?\s*(?:[,;|)\]]|\s|$)")
 """What follows an error word that is a metric name (``val_error: 0.12``, ``MeanSquaredError=3.1``)."""

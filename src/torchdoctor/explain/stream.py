@@ -25,7 +25,11 @@ Three refinements, each opted into or bounded:
   continuation without any prefix (a terminal wrapped ``[rank2]: ... WorkNCCL(SeqNum=4, OpTy`` before
   ``pe=BROADCAST, ...``) is joined with the line just before it on the rank that printed it, when
   that line held a trigger but did not match, does not end a sentence, and the join matches. The
-  diagnosis keeps that rank and line; a note names the continuation's line.
+  diagnosis keeps that rank and line; a note names the continuation's line. A continuation holds no
+  literal when the wrap split the trigger (``... Buy new`` + ``RAM! at ...``): an error line that does
+  not end a sentence has the next line read all the same, one line at a time. A head may hold no
+  literal either (``[.../pair.cc:761] connect [127.0.1.1]:60817:`` + ``Connection refused``): a line
+  whose trigger did not match is then joined with the line before it, read back from the block.
 """
 
 from __future__ import annotations
@@ -106,6 +110,11 @@ class LineProcessor:
         """Told of each line that showed a failure, to return its later echoes (see :meth:`echo`)."""
         self.failed: list[tuple[str, str]] = []
         """Group keys of the failures (root causes, cascades) the line being read showed."""
+        self.lookahead = False
+        """The line just read may continue on the next one (see :meth:`walk`): read that one too."""
+        self.before: tuple[int, bytes, int, int] | None = None
+        """Where the line being fed sits: (its number, block data, block start, line start), so that
+        the line before it can be read back (:meth:`_join_before`)."""
 
     # -- walking a block: which lines get decoded ------------------------------------------
 
@@ -147,17 +156,24 @@ class LineProcessor:
                 cur, cur_line = le + 1, lineno + 1
                 continue
             self.failed = []
+            self.lookahead = False
+            self.before = (lineno, data, start, ls)
             if le - ls > MAX_LINE:
                 self.col.cut_lines += 1
                 self.feed(lineno, cut_long(data[ls:le]), ids)
             else:
                 self.feed(lineno, data[ls:le], ids)
+            self.before = None
             if self.failed and self.repeats is not None:
                 self.repeats.watch(data[ls:le], tuple(self.failed))
             for i in ids if extend else ():
                 w = self.sig.window[i]
                 if w and le + 1 + w > window_end:
                     window_end = le + 1 + w
+            if self.lookahead and extend and le + 2 > window_end:
+                # an error line that may be wrapped: its continuation holds no literal of its own
+                # (``... Buy new`` + ``RAM! at ...``), so read the next line too, one at a time
+                window_end = le + 2
             cur, cur_line = le + 1, lineno + 1
         return max(0, window_end - end)
 
@@ -180,6 +196,8 @@ class LineProcessor:
         segs = [seg for seg in text.split("\r") if seg.strip()] if "\r" in text else [text]
         for seg in segs:
             pieces = unflatten(seg) if ("]:" in seg or TRACEBACK in seg) and len(seg) > 40 else None
+            if pieces is not None or len(segs) > 1:
+                self.before = None  # a piece of a line: the line before it is not its head
             if pieces is None:
                 self.line(lineno, seg, ids if len(segs) == 1 else self._ids_in(ids, seg))
                 continue
@@ -221,6 +239,15 @@ class LineProcessor:
         grown = False
         # symptoms never stop a line from being the head or the tail of a wrapped message
         decisive = any(not c.signature.symptom for c, _ in matches)
+        strong = any(self.sig.has_strong[i] for i in sig_ids)
+        if (
+            not decisive
+            and strong
+            and not own_time
+            and not (st.pending is not None and st.pending[1] == lineno - 1)
+            and self._join_before(norm, lineno, sig_ids, tb)
+        ):
+            return
         if not decisive and st.pending is not None and 0 < lineno - st.pending[1] <= 3:
             prev, prev_line, triggered = st.pending
             spaced = prev.text.rstrip() + " " + norm.text.strip()
@@ -241,11 +268,14 @@ class LineProcessor:
         if not grown:
             # a line with a trigger that did not match, or an error line that matched nothing, may be
             # the head of a message wrapped over the next lines (a trigger split by the wrap); a head
-            # without any literal is never read, so such a wrap stays unrecognised
-            strong = any(self.sig.has_strong[i] for i in sig_ids)
+            # without any literal is read only when its continuation holds a trigger (_join_before)
             generic = any(i in self.sig.generic for i in ids)
             wrapped_head = not decisive and (strong or (generic and not in_frames))
             st.pending = (norm, lineno, strong) if wrapped_head else None
+            # its continuation may hold no literal: have it read (an error line only, not a metric)
+            self.lookahead = wrapped_head and (strong or relevance(norm.text)[0] > 0) and _open_end(norm.text)
+        else:
+            self.lookahead = True
         if (
             not matches
             and not own_time
@@ -363,6 +393,7 @@ class LineProcessor:
                 return False
             # wrapped over more lines: keep joining on that rank's stream
             pst.pending = (replace(prev, text=prev.text + norm.text), prev_line, triggered)
+            self.lookahead = True
             own = self.streams.get(None)
             if own is not None and own.pending is not None and own.pending[1] == lineno:
                 own.pending = None
@@ -378,6 +409,41 @@ class LineProcessor:
         if _explains(matches):
             chain = pst.chain if tb else None
             self._explains_neighbours(pst, lineno, chain)
+        return True
+
+    # -- a continuation holding the trigger, its head holding none ----------------------------
+
+    def _join_before(self, norm: NormLine, lineno: int, sig_ids: list[int], tb: tuple[str, ...]) -> bool:
+        """Join ``norm`` (a line whose trigger did not match) with the line before it, read back from
+        the block, when that line may continue on this one and the join matches one of the signatures
+        this line triggers (``[...pair.cc:761] connect [127.0.1.1]:60817:`` + ``Connection refused``:
+        a head without any literal is not read on its own). True when it did; the match keeps the
+        head's line and rank, and a note names this line."""
+        before, self.before = self.before, None
+        if before is None or before[0] != lineno:
+            return False
+        _, data, start, ls = before
+        if ls <= start:
+            return False  # the first line of a block: the line before it is gone
+        ps = max(start, data.rfind(b"\n", start, ls - 1) + 1)
+        if ls - 1 - ps > MAX_JOINED:
+            return False
+        src = self.source
+        prev = normalize(data[ps : ls - 1].decode("utf-8", "replace").rstrip("\r\n"), src.rank, src.host)
+        if (norm.rank is not None and norm.rank != prev.rank) or not _looks_cut(prev.text, norm.text):
+            return False
+        texts = [prev.text.rstrip() + " " + norm.text.strip(), prev.text + norm.text.lstrip()]
+        matches = _in_context(match_line(self.sig, sig_ids, texts, prose=False), tb)
+        matches = [(c, v) for c, v in matches if not c.signature.symptom]
+        if not matches:
+            return False
+        first = LineRef(src.name, lineno - 1, prev.clean, prev.rank, prev.host)
+        self._rank_host(first)
+        cont = LineRef(src.name, lineno, norm.clean, prev.rank, prev.host)
+        self._add(matches, first, prev.time or norm.time, (self.index, lineno - 1), tb, joined=cont)
+        st = self.streams.get(prev.rank)
+        if st is not None and _explains(matches):
+            self._explains_neighbours(st, lineno, st.chain if tb else None)
         return True
 
     # -- tracebacks cut before their exception line ------------------------------------------
@@ -496,6 +562,12 @@ def _explains(matches: Matches) -> bool:
 def _in_context(matches: Matches, tb: tuple[str, ...]) -> Matches:
     """Drop the matches whose signature needs a traceback context that ``tb`` does not hold."""
     return [(c, v) for c, v in matches if not c.signature.context or c.signature.in_context(tb)]
+
+
+def _open_end(text: str) -> bool:
+    """``text`` does not end a sentence (a wrapped line's head ends mid-sentence)."""
+    t = text.rstrip()
+    return bool(t) and t[-1] not in ".!?"
 
 
 def _looks_cut(head: str, cont: str) -> bool:

@@ -303,3 +303,7 @@ def test_dist_predicts_the_labs_distributed_failures(name: str, holder: tuple[in
     scenario = get(name)
     ff = predicted(name, holder)
     assert ff["family"] == scenario.family, f"{name}: lab {scenario.code} ({scenario.family}), dist {ff}"
+    if name == "dist-no-master":  # refusal told apart from a timeout, and the address named
+        assert "connection refused: nothing listens at 127.0.0.1:" in ff["message"]
+    if name == "dist-rank0-alone":
+        assert "1/2 clients joined" in ff["message"]

@@ -44,6 +44,7 @@ class Journal:
         self.store_key = ""
         self.gathered: dict[str, Any] | None = None
         self.hello: dict[str, Any] = {}
+        self.notes: list[dict[str, Any]] = []
 
     def write(self, record: dict[str, Any], mirror_wait: float | None = None) -> None:
         """Append ``record``; mirror it to the store. ``mirror_wait``: give the store at most that long
@@ -54,6 +55,8 @@ class Journal:
                 self.steps.append(record)
             if record.get("event") == "hello":
                 self.hello = record
+            if record.get("event") == "note":
+                self.notes.append(record)
             if record.get("event") == "gathered":
                 self.gathered = record
             if self._fd is not None:
@@ -76,7 +79,7 @@ class Journal:
 
     def mirror(self, last: dict[str, Any] | None = None) -> dict[str, Any]:
         """What this rank shows the others: who it is, its step results, its last record."""
-        return {"hello": self.hello, "steps": self.steps, "last": last or {"event": "end"}}
+        return {"hello": self.hello, "notes": self.notes, "steps": self.steps, "last": last or {"event": "end"}}
 
     def _mirror(self, record: dict[str, Any]) -> None:
         store = self.store

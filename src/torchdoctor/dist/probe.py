@@ -380,6 +380,10 @@ class Probe:
         import torch.distributed as dist
 
         assert self.rank is not None and self.world is not None
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        if self.rank != 0 or agent_store:  # a client of the store: can it reach it at all? (told apart, recorded)
+            reach = tcp_reach(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), min(2.0, self.cfg.timeout / 2))
+            self.journal.write({"event": "note", "step": "rendezvous", "connect": reach})
         store, _, _ = next(dist.rendezvous("env://", rank=self.rank, world_size=self.world, timeout=self.deadline()))
         self.store = store
         run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
@@ -606,6 +610,20 @@ class Probe:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+
+
+def tcp_reach(host: str, port: int, timeout: float) -> str:
+    """One TCP connect to the store's address: ``open``, ``refused`` (nothing listens: rank 0 or the
+    launcher is not up), ``timeout`` (no answer: a firewall, or the wrong address), or the error."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return f"error: {exc.strerror or exc}"
 
 
 def explained(text: str) -> dict[str, Any]:

@@ -174,7 +174,8 @@ def states_from_gathered(gathered: Mapping[str, Any]) -> dict[int | None, list[d
     for key, value in (gathered.get("ranks") or {}).items():
         if not str(key).isdigit() or not isinstance(value, dict):
             continue
-        recs = [{"event": "hello", "rank": int(key), **(value.get("hello") or {})}, *value.get("steps", [])]
+        hello = {"event": "hello", "rank": int(key), **(value.get("hello") or {})}
+        recs = [hello, *value.get("notes", []), *value.get("steps", [])]
         last = value.get("last") or {}
         if last.get("event") in ("stopped", "end") or (last.get("event") == "step" and last.get("status") == "running"):
             recs.append(last)

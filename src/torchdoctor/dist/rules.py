@@ -184,6 +184,8 @@ class RankState:
     """What the launcher saw: ``{"exitcode", "signal"}`` when the rank failed."""
     overdue: bool = False
     """The launcher gave up waiting for its running step (it hung where its own watchdog could not act)."""
+    notes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What a step found out before it ended (the rendezvous' TCP connect result), by step."""
     missed: set[str] = field(default_factory=set)
     """Steps where another rank waited for this one in vain (it never arrived)."""
     last: dict[str, Any] | None = None
@@ -234,6 +236,10 @@ def _apply(st: RankState, rec: Mapping[str, Any]) -> None:
         st.steps[str(rec.get("step"))] = dict(rec)
         if st.running == rec.get("step"):
             st.running = None
+    elif event == "note":
+        st.notes.setdefault(str(rec.get("step")), {}).update(
+            {k: v for k, v in rec.items() if k not in ("event", "step")}
+        )
     elif event == "stopped":
         st.stopped = True
     elif event == "end":
@@ -330,8 +336,14 @@ def _failure(
         master = ((st.steps.get("env") or {}).get("details") or {}).get("master")
         if step == "rendezvous" and st.rank not in (0, None):
             code = "TD453"  # a client that never got through to the store
-            message = f"rank {st.rank} could not reach the rendezvous store at {master or 'MASTER_ADDR:MASTER_PORT'}"
-            message += " within its deadline: rank 0 is not running there, or the address/port is wrong or blocked"
+            where = master or "MASTER_ADDR:MASTER_PORT"
+            reach = (st.notes.get("rendezvous") or {}).get("connect")
+            why = {
+                "refused": f"connection refused: nothing listens at {where} (rank 0 or its launcher is not up)",
+                "timeout": f"no answer from {where} (a firewall drops the packets, or the address is wrong)",
+                "open": f"{where} accepts connections but the store never answered (another service on that port?)",
+            }.get(str(reach), f"{where}: {reach}" if reach else f"no store reached at {where}")
+            message = f"rank {st.rank} could not join the rendezvous within its deadline: {why}"
     info = lookup(code) if code else None
     return {
         "step": step,

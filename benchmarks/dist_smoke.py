@@ -87,7 +87,9 @@ def main() -> None:
     print(f"floor  torchrun + one all_reduce:       {f:.2f} s (median; min {min(floors):.2f})")
     print(f"torchdoctor dist (8 steps, 4 sizes):    {d:.2f} s (median; min {min(dists):.2f})")
     print(f"ratio dist / floor:                     {d / f:.2f}x")
-    print(f"dist minus torch import:                {d - imp:.2f} s  (target < 5 s: {'PASS' if d - imp < 5 else 'FAIL'})")
+    print(
+        f"dist minus torch import:                {d - imp:.2f} s  (target < 5 s: {'PASS' if d - imp < 5 else 'FAIL'})"
+    )
     print("per step (slowest rank, median over runs):")
     for name in steps[0]:
         print(f"  {name:<12} {statistics.median(s[name] for s in steps):.3f} s")

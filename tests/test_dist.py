@@ -261,3 +261,12 @@ def test_bad_options_are_one_clear_line(args: list[str], words: str) -> None:
     proc = run_cli("dist", *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_readme_shows_the_failure_as_the_rules_word_it() -> None:
+    """README's failing run was captured from a real run; its first-failure line is what the rules say now."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    ff = first_failure(replay("1-collectives-hang"))
+    assert ff is not None
+    assert ff["message"] in readme and "first failure: step collectives, rank 1" in readme
+    assert "torchdoctor dist passed" in readme and "docs/dist.md" in readme

@@ -294,7 +294,8 @@ def first_failure(states: Mapping[int | None, RankState], backend: str = "gloo")
             if source is not None and source is not st:
                 continue  # the rank whose data arrived wrong reports it too (its own all_gather)
             key = (prio, STEPS.index(step), _rank_key(st.rank))
-            candidates.append((key, _failure(st, step, kind, rec, backend)))
+            waiters = _waiters(states, st.rank, step) if kind == "hung" else []
+            candidates.append((key, _failure(st, step, kind, rec, backend, waited_by=min(waiters, default=None))))
             break
     if not candidates:
         return None
@@ -306,6 +307,16 @@ def first_failure(states: Mapping[int | None, RankState], backend: str = "gloo")
         st = states.get(rank) or RankState(rank=rank)
         return _failure(st, best["step"], "hung", {}, backend, waited_by=best["rank"])
     return best
+
+
+def _waiters(states: Mapping[int | None, RankState], rank: int | None, step: str) -> list[int]:
+    """The ranks whose wait at ``step`` failed because ``rank`` never arrived."""
+    out = []
+    for st in states.values():
+        rec = st.steps.get(step) or {}
+        if rank in ((rec.get("details") or {}).get("missing_ranks") or []) and st.rank is not None:
+            out.append(st.rank)
+    return sorted(out)
 
 
 def _named_missing(states: Mapping[int | None, RankState]) -> set[int]:
@@ -330,8 +341,9 @@ def _failure(
         message = f"rank {st.rank} ({how}) died during step {step}"
         code = ex.get("code") or "TD457"
     elif kind == "hung":
-        who = f" (rank {waited_by} waited for it)" if waited_by is not None else ""
-        message = f"rank {st.rank} did not finish step {step} within its deadline{who}"
+        message = f"rank {st.rank} did not finish step {step} within its deadline"
+        if waited_by is not None:
+            message = f"rank {st.rank} never arrived at step {step}; rank {waited_by} waited for it until its deadline"
         code = "TD452" if step in ("rendezvous", "init") else ("TD490" if backend == "nccl" else "TD455")
         master = ((st.steps.get("env") or {}).get("details") or {}).get("master")
         if step == "rendezvous" and st.rank not in (0, None):

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "probe_loader": "probes",
     "ProbeOptions": "probes",
     "LoaderReport": "probes",
+    "Watcher": "watch",
 }
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from .probes import LoaderReport, ProbeOptions, probe_loader
     from .registry import Code, Hit, all_codes, lookup
     from .signature import Role, Signature
+    from .watch import Watcher
 
 
 def __getattr__(name: str) -> Any:

@@ -50,7 +50,13 @@ def exit_code_for(findings: list[Finding], fail_on: str) -> ExitCode:
 
 #: Commands that live in their own modules (``torchdoctor/cli_<name>.py``); each registers itself on
 #: ``cli`` when imported, and is imported only when asked for, so ``explain`` does not load the lab.
-LAZY_COMMANDS = {"dist": "cli_dist", "explain": "cli_explain", "lab": "cli_lab", "loader": "cli_loader"}
+LAZY_COMMANDS = {
+    "dist": "cli_dist",
+    "explain": "cli_explain",
+    "lab": "cli_lab",
+    "loader": "cli_loader",
+    "watch": "cli_watch",
+}
 
 
 class LazyGroup(click.Group):
@@ -75,6 +81,7 @@ def cli() -> None:
                     torchdoctor check --num-workers 8 --batch-bytes 96MiB --path /ckpt
     After a crash:  torchdoctor explain LOG...        root cause across ranks, with the fix
     Before a job:   torchdoctor dist --nproc 4        smoke-test the process group, step by step
+    While it runs:  torchdoctor watch -- python train.py   warn before a limit is reached
     See it fail:    torchdoctor lab list              failures reproduced for real, and their fixes
     Any code:       torchdoctor codes TD101           what it means and how to fix it
     Record a host:  torchdoctor facts > host.json     then: torchdoctor check --facts host.json

@@ -102,6 +102,10 @@ class Outcome:
     fixed_output_tail: str | None = None
     notes: list[str] = field(default_factory=list)
     explain_wanted: bool = False
+    warned: dict[str, Any] | None = None
+    """With --watch: watch's first warning of the expected family, and how long before the end it came."""
+    warnings: list[str] = field(default_factory=list)
+    watch_wanted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -129,7 +133,11 @@ class Outcome:
             "fixed_output_tail",
             "notes",
         )
-        return {k: getattr(self, k) for k in keys}
+        out = {k: getattr(self, k) for k in keys}
+        if self.watch_wanted:
+            out["warned"] = self.warned
+            out["warnings"] = self.warnings
+        return out
 
 
 def shows_code(code: str, text: str) -> bool:
@@ -166,14 +174,17 @@ def _spinner(message: str) -> Iterator[None]:
         yield
 
 
-def run_outcome(name: str, fixed: bool, explain: bool, timeout: float | None) -> Outcome:
+def run_outcome(name: str, fixed: bool, explain: bool, timeout: float | None, watch: float | None = None) -> Outcome:
     from .lab import get
     from .lab.runner import run
 
     s = get(name)
-    out = Outcome(s.name, s.family, s.code, explain_wanted=explain)
+    out = Outcome(s.name, s.family, s.code, explain_wanted=explain, watch_wanted=watch is not None)
     with _spinner(f"lab: {s.name}: reproducing the failure (~{s.seconds:.0f} s) …"):
-        rec = run(s, fixed=False, timeout=timeout)
+        rec = run(s, fixed=False, timeout=timeout, watch=watch)
+    if rec.timeline is not None:
+        out.warned = warned(rec.timeline, s.family)
+        out.warnings = [w["message"] for w in rec.timeline["warnings"]]
     if rec.skipped:
         out.skipped_reason = rec.skipped
         return out
@@ -198,6 +209,21 @@ def run_outcome(name: str, fixed: bool, explain: bool, timeout: float | None) ->
     return out
 
 
+def warned(timeline: dict[str, Any], family: str) -> dict[str, Any] | None:
+    """watch's first warning of ``family`` and how many seconds before the failure it came: before the
+    output first showed the failure, or (when the output never showed it) before the run ended."""
+    first = next((w for w in timeline.get("warnings") or [] if w.get("family") == family), None)
+    if first is None:
+        return None
+    end = timeline.get("failed_at") or timeline["ended"]
+    return {
+        "code": first["code"],
+        "lead_seconds": round(end - first["t"], 2),
+        "before": "the failure's text" if timeline.get("failed_at") else "the end of the run",
+        "message": first["message"],
+    }
+
+
 def _echo_outcome(out: Outcome, fix: str, summary: str) -> None:
     click.echo(f"{out.scenario}: {out.expected_family}, expects {out.expected_code}")
     click.echo(f"  {summary}")
@@ -219,6 +245,13 @@ def _echo_outcome(out: Outcome, fix: str, summary: str) -> None:
         if not out.fixed_passed and out.fixed_output_tail:
             for line in out.fixed_output_tail.splitlines():
                 click.echo(f"  │ {line}")
+    if out.watch_wanted:
+        for w in out.warnings:
+            click.echo(f"  watch: ▲ {w}")
+        if out.warned:
+            click.echo(f"  watch warned {out.warned['lead_seconds']:.1f} s before the end ({out.warned['code']})")
+        else:
+            click.echo(f"  watch: no warning of {out.expected_family} before the end")
     for note in out.notes:
         click.echo(f"  note: {note}")
 
@@ -234,7 +267,19 @@ def _echo_outcome(out: Outcome, fix: str, summary: str) -> None:
     default=None,
     help="Seconds before the child is killed (default: the scenario's).",
 )
-def run_cmd(name: str, fixed: bool, do_explain: bool, fmt: str, timeout: float | None) -> None:
+@click.option(
+    "--watch",
+    "watch_interval",
+    is_flag=False,
+    flag_value=0.25,
+    type=click.FloatRange(min=0.05, max=10),
+    default=None,
+    help="Sample the scenario like `torchdoctor watch` (every 0.25 s, or the seconds given) and report its "
+    "first warning of the expected family (JSON: warned).",
+)
+def run_cmd(
+    name: str, fixed: bool, do_explain: bool, fmt: str, timeout: float | None, watch_interval: float | None
+) -> None:
     """Run scenario NAME in an isolated child and show what really happened.
 
     Exit status 0 when the failure happened (and, with --fixed, the fix passed; with --explain,
@@ -247,7 +292,7 @@ def run_cmd(name: str, fixed: bool, do_explain: bool, fmt: str, timeout: float |
     from .lab import get
 
     s = get(name)
-    out = run_outcome(name, fixed, do_explain, timeout)
+    out = run_outcome(name, fixed, do_explain, timeout, watch=watch_interval)
     if fmt == "json":
         click.echo(json.dumps(out.to_dict(), indent=2))
     else:

@@ -104,6 +104,11 @@ class Code:
             related=self.related,
         )
 
+    @property
+    def plain_fix(self) -> str:
+        """The fix as a user reads it when no values fill its placeholders (``{{`` shown as ``{``)."""
+        return string.Formatter().vformat(self.fix, (), _SafeDict())
+
     def crashed(self, exc: BaseException) -> Finding:
         """The finding a check becomes when it raises: about itself, never a traceback."""
         return Finding(

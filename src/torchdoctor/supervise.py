@@ -36,6 +36,7 @@ from typing import IO, Any, Protocol
 
 import psutil
 
+from .facts.procs import proc_memory
 from .stopping import Stopped, signal_name, stoppable
 
 __all__ = ["Stopped", "signal_name", "stoppable"]  # re-exported: the supervisor's public surface
@@ -319,18 +320,3 @@ def session_pss(sid: int) -> int:
         mem = proc_memory(p.pid)
         total += mem["pss"] if mem else 0
     return total
-
-
-def proc_memory(pid: int) -> dict[str, int] | None:
-    """RSS, PSS and USS (private clean + dirty) of a process, in bytes, from smaps_rollup."""
-    fields: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if rest.strip().endswith("kB"):
-                    fields[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        return None
-    uss = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
-    return {"rss": fields.get("Rss", 0), "pss": fields.get("Pss", fields.get("Rss", 0)), "uss": uss}

@@ -314,7 +314,7 @@ def _agent_failure(agent: dict[str, Any], work: Path, host: str, port: int, opts
         "code": info.code,
         "family": info.family,
         "message": text,
-        "fix": info.fix,
+        "fix": info.plain_fix,
         "title": info.title,
     }
 

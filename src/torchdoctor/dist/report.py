@@ -150,7 +150,7 @@ def _never_joined(missing: list[int]) -> dict[str, Any]:
         "code": code.code,
         "family": code.family,
         "message": f"rank(s) {', '.join(map(str, missing))} never reported: they did not start or did not join",
-        "fix": code.fix,
+        "fix": code.plain_fix,
         "title": code.title,
     }
 

@@ -366,7 +366,7 @@ def _failure(
         "code": info.code if info else None,
         "family": info.family if info else None,
         "message": message,
-        "fix": rec.get("fix") or (info.fix if info else ""),
+        "fix": rec.get("fix") or (info.plain_fix if info else ""),
         "title": info.title if info else "",
     }
 

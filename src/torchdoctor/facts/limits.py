@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .context import GatherContext
+from .procs import count_fds, count_maps
 
 #: rlimit key -> (name of the resource constant, row title in /proc/self/limits).
 RLIMITS: dict[str, tuple[str, str]] = {
@@ -126,18 +127,18 @@ def _sysctls(ctx: GatherContext) -> dict[str, dict[str, int | None]]:
 
 
 def _open_fds(ctx: GatherContext) -> int | None:
-    try:
-        entries = len(os.listdir(ctx.path("/proc/self/fd")))
-    except OSError as exc:
-        ctx.unknown("limits.process.open_fds", f"cannot list /proc/self/fd: {exc.strerror or exc}")
-        return None
     # listing /proc/self/fd opens a descriptor that shows up in the listing itself
-    return max(entries - 1, 0) if _is_live(ctx) else entries
+    n = count_fds(ctx.path("/proc/self"), listing_self=_is_live(ctx))
+    if n is None:
+        ctx.unknown("limits.process.open_fds", "cannot list /proc/self/fd")
+    return n
 
 
 def _map_count(ctx: GatherContext) -> int | None:
-    text = ctx.read_text("/proc/self/maps", fact="limits.process.map_count")
-    return None if text is None else sum(1 for line in text.splitlines() if line.strip())
+    n = count_maps(ctx.path("/proc/self"))
+    if n is None:
+        ctx.unknown("limits.process.map_count", "cannot read /proc/self/maps")
+    return n
 
 
 def parse_cap_eff(status: str) -> int | None:

@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from ..supervise import Limits, child_env, signal_name, start, supervise
 from . import Scenario
@@ -42,6 +43,8 @@ class RunRecord:
     skipped: str | None = None
     private_shm: str | None = None
     notes: list[str] = field(default_factory=list)
+    timeline: dict[str, Any] | None = None
+    """With ``watch=True``: what ``torchdoctor watch`` sampled and warned (its timeline JSON)."""
 
     @property
     def signal_name(self) -> str | None:
@@ -109,8 +112,47 @@ def _child_env(s: Scenario) -> dict[str, str]:
     return env
 
 
-def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRecord:
-    """Run one scenario (or its fixed variant) and capture what really happened."""
+class _LabWatch:
+    """``torchdoctor watch``'s sampling loop, driven by the supervisor's poll."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        from ..watch.run import Loop, Timeline, WatchOptions
+        from ..watch.sampler import Sampler, host_limits
+
+        limits = host_limits()
+        self.timeline = Timeline(command=None, pid=pid, interval=interval, limits=limits.to_json())
+        self.loop = Loop(pid, WatchOptions(interval=interval), self.timeline, Sampler(pid, limits=limits), _quiet)
+
+        self.arrivals: list[tuple[float, bytes]] = []
+        """Each chunk of the scenario's output and when it arrived."""
+
+    def poll(self) -> None:
+        if self.loop.due():
+            self.loop.tick()
+
+    def failed_at(self, code: str) -> float | None:
+        """When the output first showed ``code``'s failure (the engine's own matcher), Unix seconds."""
+        from ..explain import shows
+
+        text = b""
+        for t, chunk in self.arrivals:
+            text += chunk
+            if shows(text.decode("utf-8", errors="replace"), code):
+                return t
+        return None
+
+
+def _quiet(_: Any) -> None:
+    return None
+
+
+def _watcher(pid: int, interval: float) -> _LabWatch:
+    return _LabWatch(pid, interval)
+
+
+def run(s: Scenario, fixed: bool = False, timeout: float | None = None, watch: float | None = None) -> RunRecord:
+    """Run one scenario (or its fixed variant) and capture what really happened. ``watch``: sample the
+    scenario's process tree every ``watch`` seconds, as ``torchdoctor watch`` does (its timeline)."""
     argv, shm = _child_argv(s, fixed)
     record = RunRecord(scenario=s.name, fixed=fixed, argv=argv, private_shm=shm)
     reason = missing_needs(s)
@@ -128,17 +170,31 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None) -> RunRe
     def reader() -> None:
         assert proc.stdout is not None
         for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr,attr-defined]
+            if watcher is not None:
+                watcher.arrivals.append((time.time(), chunk))
             chunks.append(chunk)
             size[0] += len(chunk)
             while size[0] > OUTPUT_LIMIT and len(chunks) > 2:  # keep the head and the newest output
                 size[0] -= len(chunks.pop(1))
 
+    watcher = _watcher(proc.pid, watch) if watch else None
     t = threading.Thread(target=reader, daemon=True)
     t.start()
     try:
-        result = supervise(proc, Limits(timeout=limit, memory_cap=s.memory_mb * 2**20), started=started)
+        result = supervise(
+            proc,
+            Limits(timeout=limit, memory_cap=s.memory_mb * 2**20),
+            poll=watcher.poll if watcher else None,
+            started=started,
+        )
     finally:
         t.join(5)
+    if watcher is not None:
+        watcher.timeline.ended = time.time()
+        code = proc.returncode
+        watcher.timeline.exit_code = code
+        record.timeline = watcher.timeline.to_json()
+        record.timeline["failed_at"] = watcher.failed_at(s.code)
     record.timed_out = result.timed_out
     record.peak_rss_mb = round(result.peak_memory / 2**20, 1)
     if result.memory_killed:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..supervise import proc_memory
+from ..facts.procs import proc_memory
 from .rate import Rate, batch_size_of, measure_rate, tensor_bytes
 from .target import in_process
 

@@ -183,7 +183,7 @@ def test_a_node_with_another_torch_is_an_error_naming_its_host() -> None:
     assert diffs["torch"].severity.label == "error" and diffs["nofile"].severity.label == "warning"
     assert diffs["torch"].odd_ranks() == [2, 3]
     f = diffs["torch"].finding()
-    assert f.code == "TD414" and "2.12.1+cu124" in f.message and "(b)" in f.message
+    assert f.code == "TD468" and "2.12.1+cu124" in f.message and "(b)" in f.message
     assert "pip install torch==2.13.0+cu124" in f.fix and " on b" in f.fix
 
 

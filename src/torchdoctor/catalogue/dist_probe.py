@@ -1,4 +1,4 @@
-"""TD414, TD467: what only a live process group can show (``torchdoctor dist`` finds these).
+"""TD467, TD468: what only a live process group can show (``torchdoctor dist`` finds these).
 
 Neither has a preflight check over one host's facts or a log signature: they compare what several
 ranks reported to each other, or what a collective returned with what it must return.
@@ -9,9 +9,31 @@ from __future__ import annotations
 from ..model import Severity
 from ..registry import Code, register
 
-TD414 = register(
+TD467 = register(
     Code(
-        code="TD414",
+        code="TD467",
+        name="collective-wrong-result",
+        family="rank-divergence",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="a collective completed but returned wrong data",
+        message="{op} on rank {rank} returned {got} where {expected} was expected; the data from rank(s) {sources} "
+        "arrived wrong.",
+        fix="Rerun `torchdoctor dist` to see whether it repeats; check the named ranks' host (its network interface, "
+        "`NCCL_P2P_DISABLE=1` / `NCCL_IB_DISABLE=1` to rule out a transport), and that every rank runs the same "
+        "torch and NCCL (TD468).",
+        meaning="Every rank contributed a known value and checked the result; a collective that finishes with "
+        "another result corrupts training silently (gradients averaged wrongly).",
+        why="A rank that computed its input differently (diverged state), a faulty transport (GPU peer-to-peer, "
+        "InfiniBand, a NIC offload bug), or mismatched library versions between ranks.",
+        false_positives="None known: the test values are exact in float32.",
+        related=("TD466", "TD468"),
+    )
+)
+
+TD468 = register(
+    Code(
+        code="TD468",
         name="dist-ranks-differ",
         family="dist-env",
         severity=Severity.ERROR,
@@ -28,27 +50,5 @@ TD414 = register(
         false_positives="Versions that differ only in a local build suffix; limits that differ but are all large "
         "enough (reported as a warning).",
         related=("TD412",),
-    )
-)
-
-TD467 = register(
-    Code(
-        code="TD467",
-        name="collective-wrong-result",
-        family="rank-divergence",
-        severity=Severity.ERROR,
-        area="distributed",
-        title="a collective completed but returned wrong data",
-        message="{op} on rank {rank} returned {got} where {expected} was expected; the data from rank(s) {sources} "
-        "arrived wrong.",
-        fix="Rerun `torchdoctor dist` to see whether it repeats; check the named ranks' host (its network interface, "
-        "`NCCL_P2P_DISABLE=1` / `NCCL_IB_DISABLE=1` to rule out a transport), and that every rank runs the same "
-        "torch and NCCL (TD414).",
-        meaning="Every rank contributed a known value and checked the result; a collective that finishes with "
-        "another result corrupts training silently (gradients averaged wrongly).",
-        why="A rank that computed its input differently (diverged state), a faulty transport (GPU peer-to-peer, "
-        "InfiniBand, a NIC offload bug), or mismatched library versions between ranks.",
-        false_positives="None known: the test values are exact in float32.",
-        related=("TD466", "TD414"),
     )
 )

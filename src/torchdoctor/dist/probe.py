@@ -658,10 +658,19 @@ def _ranks_in(message: str) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", head)]
 
 
+_REPORTED = threading.Lock()
+
+
 def report_self(probe: Probe, journal: Journal, cfg: ProbeConfig) -> bool:
     """What a rank prints when no launcher of ours reports: rank 0 reports every rank (from the store);
-    a rank that never reached the store reports itself (nobody else can); others one line on failure."""
+    a rank that never reached the store reports itself (nobody else can); others one line on failure.
+    Printed once: the main thread and the watchdog (ending the rank) may both get here."""
     from .report import render, report_from_gathered
+
+    if not _REPORTED.acquire(blocking=False):
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(WATCHDOG_SLACK + 5)  # the watchdog is printing, then ends the process
+        return False
 
     if probe.rank in (0, None) or not journal.store_key:
         gathered = journal.gathered or {"ranks": {str(probe.rank or 0): journal.mirror()}, "findings": probe.findings}

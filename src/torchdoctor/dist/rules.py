@@ -123,7 +123,7 @@ class Difference:
         )
         ref = next((v for v, ranks in self.values.items() if 0 in ranks), next(iter(self.values)))
         odd_hosts = sorted({h for v, hs in self.hosts.items() if v != ref for h in hs})
-        return lookup("TD414").finding(
+        return lookup("TD468").finding(
             Hit(
                 {
                     "what": _LABELS.get(self.key, self.key),

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint venv docs bench clean
+.PHONY: run test test-fast lint venv docs bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,11 +21,25 @@ venv: $(STAMP)
 run: $(STAMP)  ## set up and audit this machine (findings exit 1 from torchdoctor, not from make)
 	@$(BIN)/torchdoctor check; status=$$?; [ $$status -le 1 ] || exit $$status
 
-test: $(STAMP)  ## set up and run the whole test suite (the long lab scenarios too)
+test: $(STAMP) browser  ## set up and run the whole test suite (the long lab scenarios too)
 	$(BIN)/python -m pytest
 	$(BIN)/python -m pytest -m slow -q
 
-test-fast: $(STAMP)  ## the default run only, without the long lab scenarios
+# The watch report's browser test opens the HTML in headless Chromium. Installed from Debian when
+# missing and we are root; never fails `make test` itself: without it that test fails (as root with
+# apt) or skips (otherwise), saying why. apt-get update only when the install fails (stale lists).
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+
+browser:  ## install Chromium for the report's browser test (Debian, root; quiet, idempotent)
+	@command -v chromium > /dev/null 2>&1 || { \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get > /dev/null 2>&1; then \
+	    echo "make browser: chromium missing; not root or no apt-get: the browser test will skip" >&2; exit 0; fi; \
+	  log=$$(mktemp); echo "make browser: installing chromium (apt-get) for the browser test..." >&2; \
+	  { $(APT_CHROMIUM) || { apt-get update -q && $(APT_CHROMIUM); }; } > "$$log" 2>&1 \
+	  || { tail -n 20 "$$log" >&2; echo "make browser: could not install chromium: the browser test will fail" >&2; }; \
+	  rm -f "$$log"; }
+
+test-fast: $(STAMP) browser  ## the default run only, without the long lab scenarios
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)  ## mypy, ruff and ruff format --check, as CI runs them

@@ -15,7 +15,12 @@ Timeline JSON (``--timeline``), ``schema_version`` 1, times in Unix seconds::
                   "shm_size", "cgroup_memory", "mem_available"}],
      "warnings": [{"t", "pid", "process", "code", "family", "resource", "value", "limit", "rate",
                    "projected_seconds", "message"}],
-     "diagnosis": {"code", "family", "confidence", "message", "fix", "warned_before_seconds"} | null}
+     "diagnosis": {"code", "family", "role", "confidence", "message", "fix", "warned": <the first warning
+                   of that family> | null, "warned_before_seconds"} | null}
+
+``role`` is explain's (``root-cause``, ``cascade``, ...) or ``timeline`` when the job died of a signal
+without a word and the timeline is the evidence (SIGBUS after a /dev/shm warning, SIGKILL after a
+memory warning).
 """
 
 from __future__ import annotations
@@ -160,6 +165,7 @@ def _run(argv: list[str], opts: WatchOptions, err: IO[str], work: Path) -> Timel
 
     # forwarding is in place before the job exists: a signal in between reaches it as soon as it does
     old = {s: signal.signal(s, forward) for s in FORWARDED}
+    started = time.time()
     try:
         proc = subprocess.Popen(  # noqa: S603 - the user's own command, an argv list
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=None, start_new_session=True
@@ -174,7 +180,9 @@ def _run(argv: list[str], opts: WatchOptions, err: IO[str], work: Path) -> Timel
     for signum in pending:
         forward(signum, None)
     limits = host_limits()
-    timeline = Timeline(command=list(argv), pid=proc.pid, interval=opts.interval, limits=limits.to_json())
+    timeline = Timeline(
+        command=list(argv), pid=proc.pid, interval=opts.interval, limits=limits.to_json(), started=started
+    )
     capture = open(work / "output.log", "wb")  # noqa: SIM115 - closed below, after the pumps
     lock = threading.Lock()
     assert proc.stdout is not None and proc.stderr is not None

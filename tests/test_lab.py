@@ -171,7 +171,7 @@ def test_a_failure_without_the_expected_text_is_not_a_reproduction(monkeypatch: 
     monkeypatch.setattr(
         runner,
         "run",
-        lambda s, fixed=False, timeout=None: RunRecord(
+        lambda s, fixed=False, timeout=None, watch=None: RunRecord(
             scenario=s.name, fixed=fixed, argv=[], exit_code=1, seconds=0.1, output=other
         ),
     )

@@ -104,6 +104,8 @@ class Outcome:
     explain_wanted: bool = False
     warned: dict[str, Any] | None = None
     """With --watch: watch's first warning of the expected family, and how long before the end it came."""
+    predicted: dict[str, Any] | None = None
+    """The preflight (check or dist, under the scenario's own conditions) that named the failure's family first."""
     warnings: list[str] = field(default_factory=list)
     watch_wanted: bool = False
 
@@ -134,6 +136,7 @@ class Outcome:
             "notes",
         )
         out = {k: getattr(self, k) for k in keys}
+        out["predicted"] = self.predicted
         if self.watch_wanted:
             out["warned"] = self.warned
             out["warnings"] = self.warnings
@@ -176,10 +179,14 @@ def _spinner(message: str) -> Iterator[None]:
 
 def run_outcome(name: str, fixed: bool, explain: bool, timeout: float | None, watch: float | None = None) -> Outcome:
     from .lab import get
+    from .lab.predict import predicted
     from .lab.runner import run
 
     s = get(name)
     out = Outcome(s.name, s.family, s.code, explain_wanted=explain, watch_wanted=watch is not None)
+    if s.predict is not None:
+        with _spinner(f"lab: {s.name}: the preflight ({s.predict.by}) under the scenario's conditions …"):
+            out.predicted = predicted(s)
     with _spinner(f"lab: {s.name}: reproducing the failure (~{s.seconds:.0f} s) …"):
         rec = run(s, fixed=False, timeout=timeout, watch=watch)
     if rec.timeline is not None:
@@ -230,6 +237,9 @@ def _echo_outcome(out: Outcome, fix: str, summary: str) -> None:
     if out.skipped_reason:
         click.echo(f"  skipped: {out.skipped_reason}")
         return
+    if out.predicted:
+        p = out.predicted
+        click.echo(f"  predicted by `torchdoctor {p['by']}` before the run: {p['code']} ({p['severity']})")
     state = "reproduced" if out.reproduced else "NOT reproduced"
     click.echo(f"  failure {state} in {out.seconds:.1f} s (exit code {out.exit_code})")
     click.echo("  ── last lines of its output ──")

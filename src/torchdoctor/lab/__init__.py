@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UnknownCodeError
 from ..families import FAMILIES
+from .predict import Prediction
 
 #: What a scenario may need from the machine; the runner skips it with the reason when missing.
 NEEDS = {
@@ -52,6 +53,8 @@ class Scenario:
     """Give the child a private (large) tmpfs on /dev/shm when root, so leaked segments never reach the real one."""
     slow: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    predict: Prediction | None = None
+    """How the preflight that should see this failure coming is run (``lab run`` reports ``predicted``)."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.name):

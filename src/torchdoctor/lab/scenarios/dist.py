@@ -21,6 +21,7 @@ import socket
 import sys
 
 from .. import scenario
+from ..predict import FREE_PORT, Prediction
 
 #: Timeout of the collectives (a separate group, torch's default is 30 minutes): what rank 0 waits for a hung peer.
 TIMEOUT_S = 4.0
@@ -159,6 +160,15 @@ def _declare_env_missing(var: str) -> None:
         summary=f"init_process_group('gloo', init_method='env://') with {var} unset: "
         f"'environment variable {var} expected, but not set'",
         fix="set all four variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), as torchrun does",
+        predict=Prediction(
+            "check",
+            ("--dist",),
+            env=tuple(
+                (k, v)
+                for k, v in (("MASTER_ADDR", LOOPBACK), ("MASTER_PORT", FREE_PORT), ("RANK", "0"), ("WORLD_SIZE", "1"))
+                if k != var
+            ),
+        ),
         seconds=2.0,
         timeout=60.0,
         memory_mb=1024,
@@ -208,6 +218,11 @@ def dist_port_in_use(fixed: bool) -> None:
 
 @scenario(
     name="dist-rank0-alone",
+    predict=Prediction(
+        "dist",
+        ("--timeout", "3"),
+        env=(("MASTER_ADDR", LOOPBACK), ("MASTER_PORT", FREE_PORT), ("RANK", "0"), ("WORLD_SIZE", "2")),
+    ),
     family="dist-connect",
     code="TD452",
     summary=f"rank 0 of WORLD_SIZE=2 starts alone; its store waits {STORE_TIMEOUT_S:g} s for the other rank: "
@@ -228,6 +243,11 @@ def dist_rank0_alone(fixed: bool) -> None:
 
 @scenario(
     name="dist-no-master",
+    predict=Prediction(
+        "dist",
+        ("--timeout", "3"),
+        env=(("MASTER_ADDR", LOOPBACK), ("MASTER_PORT", FREE_PORT), ("RANK", "1"), ("WORLD_SIZE", "2")),
+    ),
     family="dist-connect",
     code="TD453",
     summary=f"rank 1 of 2 starts while nothing listens on MASTER_ADDR:MASTER_PORT (127.0.0.1); it tries twice for "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import scenario
+from ..predict import Prediction
 
 LOW_NOFILE = 256
 TENSORS = 1000
@@ -21,6 +22,9 @@ def _producer(q: Any, done: Any, n: int) -> None:
 
 @scenario(
     name="fd-queue-ancdata",
+    predict=Prediction(
+        "check", ("--sharing-strategy", "file_descriptor", "--start-method", "fork"), rlimits=(("NOFILE", LOW_NOFILE),)
+    ),
     family="fd-exhausted",
     code="TD150",
     summary=f"a torch.multiprocessing queue delivers {TENSORS} tensors to a receiver that keeps them, "
@@ -64,6 +68,9 @@ def _lower_nofile() -> None:
 
 @scenario(
     name="fd-spawn-dataset",
+    predict=Prediction(
+        "check", ("--sharing-strategy", "file_descriptor", "--start-method", "spawn"), rlimits=(("NOFILE", LOW_NOFILE),)
+    ),
     family="fd-exhausted",
     code="TD151",
     summary=f"a DataLoader with spawn workers pickles a dataset of {TENSORS} tensors under the file_descriptor "
@@ -84,6 +91,9 @@ def fd_spawn_dataset(fixed: bool) -> None:
 
 @scenario(
     name="fd-loader-kept-batches",
+    predict=Prediction(
+        "check", ("--sharing-strategy", "file_descriptor", "--start-method", "fork"), rlimits=(("NOFILE", LOW_NOFILE),)
+    ),
     family="fd-exhausted",
     code="TD152",
     summary=f"the main process keeps every batch from 2 fork workers (500 batches, one storage each) with "

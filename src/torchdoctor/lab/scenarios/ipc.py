@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from .. import scenario
+from ..predict import Prediction
 
 SEED_TENSORS = 70_000
 FAST_TENSORS = 2_000
@@ -119,6 +120,7 @@ _MC = dict(
 
 @scenario(
     name="map-count-spawn",
+    predict=Prediction("check", ("--sharing-strategy", "file_system", "--start-method", "spawn")),
     **_MC,
     summary=f"the seed case: a DataLoader with 2 workers in a spawn child, file_system strategy, "
     f"{SEED_TENSORS:,} small tensors pickled to the workers: 'unable to mmap … Cannot allocate memory (12)'",
@@ -133,6 +135,7 @@ def map_count_spawn(fixed: bool) -> None:
 
 @scenario(
     name="map-count-forkserver",
+    predict=Prediction("check", ("--sharing-strategy", "file_system", "--start-method", "forkserver")),
     **_MC,
     summary=f"the seed case in a forkserver child: {SEED_TENSORS:,} small tensors, file_system strategy",
     seconds=15.0,
@@ -146,6 +149,7 @@ def map_count_forkserver(fixed: bool) -> None:
 
 @scenario(
     name="map-count-fast-spawn",
+    predict=Prediction("check", ("--sharing-strategy", "file_system", "--start-method", "spawn")),
     **_MC,
     summary=f"a spawn child uses up its own memory-map slots (all but {FAST_LEAVE}), then its DataLoader "
     f"shares {FAST_TENSORS:,} tensors under file_system: the seed case's error in seconds",
@@ -159,6 +163,7 @@ def map_count_fast_spawn(fixed: bool) -> None:
 
 @scenario(
     name="map-count-fast-forkserver",
+    predict=Prediction("check", ("--sharing-strategy", "file_system", "--start-method", "forkserver")),
     **_MC,
     summary=f"the fast variant in a forkserver child: map slots used up, {FAST_TENSORS:,} tensors shared",
     seconds=4.0,
@@ -203,6 +208,9 @@ class FrameDataset:
 
 @scenario(
     name="shm-no-space",
+    predict=Prediction(
+        "check", ("--num-workers", "2", "--batch-bytes", "16MiB", "--prefetch-factor", "2"), shm_size="16m"
+    ),
     family="shm-exhausted",
     code="TD156",
     shm_size="16m",
@@ -242,6 +250,9 @@ class ShmCacheDataset:
 
 @scenario(
     name="shm-sigbus",
+    predict=Prediction(
+        "check", ("--num-workers", "2", "--batch-bytes", "32MiB", "--prefetch-factor", "1"), shm_size="16m"
+    ),
     family="shm-exhausted",
     code="TD157",
     shm_size="16m",

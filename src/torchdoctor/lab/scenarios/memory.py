@@ -8,6 +8,7 @@ before the import fails there instead (see ``oom-rlimit-before-import``).
 from __future__ import annotations
 
 from .. import scenario
+from ..predict import Prediction
 
 MiB = 1024 * 1024
 #: The limit each scenario sets (address space of the whole process, libraries included).
@@ -39,6 +40,7 @@ def _allocate_tensor(resource_name: str, fixed: bool) -> None:
 
 @scenario(
     name="oom-rlimit-as",
+    predict=Prediction("check", rlimits=(("AS", LIMIT),)),
     family="host-oom",
     code="TD270",
     summary=f"RLIMIT_AS of {LIMIT // MiB} MiB set after import torch, then a {TOO_MUCH // MiB} MiB CPU tensor: "
@@ -54,6 +56,7 @@ def oom_rlimit_as(fixed: bool) -> None:
 
 @scenario(
     name="oom-rlimit-data",
+    predict=Prediction("check", rlimits=(("DATA", LIMIT),)),
     family="host-oom",
     code="TD270",
     summary=f"RLIMIT_DATA of {LIMIT // MiB} MiB set after import torch, then a {TOO_MUCH // MiB} MiB CPU tensor: "
@@ -69,6 +72,7 @@ def oom_rlimit_data(fixed: bool) -> None:
 
 @scenario(
     name="oom-python-memoryerror",
+    predict=Prediction("check", rlimits=(("AS", LIMIT),)),
     family="host-oom",
     code="TD271",
     summary=f"RLIMIT_AS of {LIMIT // MiB} MiB, then a {TOO_MUCH // MiB} MiB Python bytearray: a bare 'MemoryError'",
@@ -86,6 +90,7 @@ def oom_python_memoryerror(fixed: bool) -> None:
 
 @scenario(
     name="oom-rlimit-before-import",
+    predict=Prediction("check", ("--no-torch",), rlimits=(("AS", IMPORT_LIMIT),)),
     family="host-oom",
     code="TD272",
     summary=f"RLIMIT_AS of {IMPORT_LIMIT // MiB} MiB set before import torch: the dynamic loader cannot map "

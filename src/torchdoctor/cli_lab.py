@@ -259,7 +259,8 @@ def _echo_outcome(out: Outcome, fix: str, summary: str) -> None:
         for w in out.warnings:
             click.echo(f"  watch: ▲ {w}")
         if out.warned:
-            click.echo(f"  watch warned {out.warned['lead_seconds']:.1f} s before the end ({out.warned['code']})")
+            w = out.warned
+            click.echo(f"  watch warned {w['lead_seconds']:.1f} s before {w['before']} ({w['code']})")
         else:
             click.echo(f"  watch: no warning of {out.expected_family} before the end")
     for note in out.notes:

@@ -256,8 +256,8 @@ def _echo_outcome(out: Outcome, fix: str, summary: str) -> None:
             for line in out.fixed_output_tail.splitlines():
                 click.echo(f"  │ {line}")
     if out.watch_wanted:
-        for w in out.warnings:
-            click.echo(f"  watch: ▲ {w}")
+        for line in out.warnings:
+            click.echo(f"  watch: ▲ {line}")
         if out.warned:
             w = out.warned
             click.echo(f"  watch warned {w['lead_seconds']:.1f} s before {w['before']} ({w['code']})")

@@ -42,13 +42,12 @@ def read_limits(proc: Path) -> str | None:
         return None
 
 
-def nofile_soft(proc: Path) -> int | None:
-    """The process's RLIMIT_NOFILE soft limit (None: unlimited or unreadable)."""
+def soft_limits(proc: Path) -> dict[str, int | None]:
+    """The process's soft rlimits by key (``nofile``, ``as``, ...); None: unlimited. Empty: unreadable."""
     from .limits import parse_proc_limits
 
     text = read_limits(proc)
-    row = parse_proc_limits(text).get("nofile") if text else None
-    return row["soft"] if row else None
+    return {key: row["soft"] for key, row in parse_proc_limits(text).items()} if text else {}
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,8 @@ class Stat:
     start_ticks: int
     """Start time in clock ticks since boot (with the pid, identifies the process)."""
     rss_bytes: int
+    vsize_bytes: int
+    """Virtual memory size: what RLIMIT_AS bounds."""
 
 
 def read_stat(proc: Path) -> Stat | None:
@@ -85,6 +86,7 @@ def read_stat(proc: Path) -> Stat | None:
             threads=int(f[17]),
             start_ticks=int(f[19]),
             rss_bytes=int(f[21]) * PAGE_SIZE,
+            vsize_bytes=int(f[20]),
         )
     except (ValueError, IndexError):
         return None

@@ -10,7 +10,7 @@ Timeline JSON (``--timeline``), ``schema_version`` 1, times in Unix seconds::
     {"schema_version": 1, "command": [...] | null, "pid": int, "exit_code": int | null,
      "signal": str | null, "started": float, "ended": float, "interval": float,
      "limits": {"max_map_count", "shm_bytes", "cgroup_memory_bytes", "mem_total_bytes"},
-     "samples": [{"t", "processes": [{"pid", "ppid", "name", "rss", "pss", "fds", "nofile", "maps",
+     "samples": [{"t", "processes": [{"pid", "ppid", "name", "rss", "pss", "vsize", "as_limit", "fds", "nofile", "maps",
                   "threads", "cpu_percent", "gpu_bytes"}], "shm_used", "torch_segments",
                   "shm_size", "cgroup_memory", "mem_available"}],
      "warnings": [{"t", "pid", "process", "code", "family", "resource", "value", "limit", "rate",

@@ -19,10 +19,10 @@ from ..facts.procs import (
     cmdline,
     count_fds,
     count_maps,
-    nofile_soft,
     proc_dir,
     proc_memory,
     read_stat,
+    soft_limits,
     tree,
 )
 from ..facts.redact import redact_argv
@@ -115,14 +115,17 @@ class Sampler:
         if self._n % self.pss_every == 1 or self.pss_every <= 1:
             mem = proc_memory(pid)
             pss = mem["pss"] if mem else None
+        limits = soft_limits(proc)
         return {
             "pid": pid,
             "ppid": st.ppid,
             "name": self._name(key, proc, st),
             "rss": st.rss_bytes,
             "pss": pss,
+            "vsize": st.vsize_bytes,
+            "as_limit": limits.get("as"),
             "fds": count_fds(proc),
-            "nofile": nofile_soft(proc),
+            "nofile": limits.get("nofile"),
             "maps": count_maps(proc),
             "threads": st.threads,
             "cpu_percent": None if cpu is None else round(cpu, 1),

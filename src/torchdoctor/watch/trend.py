@@ -39,6 +39,7 @@ class Resource:
 RESOURCES = {
     "maps": Resource("maps", "memory maps", "TD155"),
     "fds": Resource("fds", "open files", "TD153"),
+    "address_space": Resource("address_space", "address space (RLIMIT_AS)", "TD270", bytes=True),
     "shm": Resource("shm", "/dev/shm used", "TD156", bytes=True),
     "cgroup_memory": Resource("cgroup_memory", "cgroup memory", "TD202", bytes=True),
     "host_memory": Resource("host_memory", "host memory in use", "TD276", bytes=True),
@@ -109,6 +110,9 @@ class Warner:
                 t, ident, p["pid"], p.get("name") or "?", "maps", p.get("maps"), limits.get("max_map_count")
             )
             yield self._one(t, ident, p["pid"], p.get("name") or "?", "fds", p.get("fds"), p.get("nofile"))
+            yield self._one(
+                t, ident, p["pid"], p.get("name") or "?", "address_space", p.get("vsize"), p.get("as_limit")
+            )
         host = (None, "host")
         shm_limit = sample.get("shm_size") or limits.get("shm_bytes")  # the job's /dev/shm, which may change
         yield self._one(t, host, None, "/dev/shm", "shm", sample.get("shm_used"), shm_limit)

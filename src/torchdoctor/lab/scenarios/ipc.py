@@ -269,3 +269,48 @@ def shm_sigbus(fixed: bool) -> None:
         _grow_private_shm()
     batches = _count_batches(ShmCacheDataset(), batch_size=2)
     print(f"received {batches} batches")
+
+
+# -- /dev/shm filling over time: batches kept by the main process --------------------------------------
+
+#: Each batch is 1 MiB of shared memory; a worker makes one every SLOW_SAMPLE_S.
+SMALL_FRAME = 256 * 1024  # float32 elements: 1 MiB
+SLOW_SAMPLE_S = 0.12
+
+
+class SlowFrameDataset:
+    """1 MiB samples, each taking :data:`SLOW_SAMPLE_S` to "decode"."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        import torch
+
+        time.sleep(SLOW_SAMPLE_S)
+        return torch.full((SMALL_FRAME,), float(i))
+
+
+@scenario(
+    name="shm-fill-kept-batches",
+    family="shm-exhausted",
+    code="TD156",
+    shm_size="16m",
+    summary="the main process keeps every 1 MiB batch a worker hands over through a 16 MiB /dev/shm (one batch "
+    f"every {SLOW_SAMPLE_S:g} s): /dev/shm fills over seconds until 'unable to allocate shared memory(shm) "
+    "… No space left on device (28)'",
+    fix="do not keep batches (keep `.item()`/`.clone()`d results), or a larger /dev/shm",
+    needs=("torch", "root", "unshare"),
+    seconds=4.0,
+    timeout=60.0,
+    memory_mb=1536,
+)
+def shm_fill_kept_batches(fixed: bool) -> None:
+    from torch.utils.data import DataLoader
+
+    kept = []
+    for batch in DataLoader(SlowFrameDataset(), batch_size=1, num_workers=1):  # type: ignore[arg-type]
+        kept.append(batch.clone() if fixed else batch)  # a clone lives in private memory, not /dev/shm
+    print(f"kept {len(kept)} batches of 1 MiB")

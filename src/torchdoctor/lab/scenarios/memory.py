@@ -180,3 +180,42 @@ def threads_nproc_limit(fixed: bool) -> None:
     torch.set_num_threads(1 if fixed else POOL_THREADS)
     a = torch.ones(512, 512)
     print(f"matmul on {torch.get_num_threads()} thread(s): {(a @ a).sum().item()}")
+
+
+# -- growth: memory that builds up until the limit (what watch can see coming) -----------------------
+
+#: How much the growing variant adds, and how often: about 320 MiB/s, so the limit comes in seconds.
+STEP = 16 * MiB
+STEP_EVERY = 0.05
+
+
+@scenario(
+    name="oom-rlimit-as-growth",
+    predict=Prediction("check", rlimits=(("AS", LIMIT),)),
+    family="host-oom",
+    code="TD270",
+    summary=f"RLIMIT_AS of {LIMIT // MiB} MiB set after import torch, then {STEP // MiB} MiB tensors kept every "
+    f"{STEP_EVERY:g} s (a leak): 'DefaultCPUAllocator: can't allocate memory' once the address space is used up",
+    fix="keep less (release what the loop no longer needs), or remove the limit (ulimit -v unlimited)",
+    seconds=4.0,
+    timeout=60.0,
+    memory_mb=3072,
+)
+def oom_rlimit_as_growth(fixed: bool) -> None:
+    import time
+
+    import torch
+
+    _limit("RLIMIT_AS", LIMIT)
+    kept = []
+    for i in range(4 * LIMIT // STEP):
+        x = torch.empty(STEP, dtype=torch.uint8)
+        x.fill_(1)
+        if fixed:
+            kept = [x]  # the fix: only the newest is kept
+        else:
+            kept.append(x)
+        time.sleep(STEP_EVERY)
+        if fixed and i > LIMIT // STEP + 8:
+            break
+    print(f"kept {len(kept)} tensors of {STEP // MiB} MiB under RLIMIT_AS={LIMIT // MiB} MiB")

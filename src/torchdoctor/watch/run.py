@@ -197,7 +197,10 @@ def _run(argv: list[str], opts: WatchOptions, err: IO[str], work: Path) -> Timel
         while proc.poll() is None:
             if loop.due():
                 loop.tick()
-            time.sleep(min(0.05, opts.interval / 4))
+            try:  # sleep until the next sample, or until the job ends
+                proc.wait(timeout=max(0.0, loop.next_at - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -78,17 +78,30 @@ def _meminfo() -> dict[str, int]:
         return {}
 
 
+#: PSS costs a page-table walk (about 4 ms for a DataLoader worker): once a minute at 1 Hz.
+PSS_EVERY = 60
+#: /proc/PID/limits changes rarely (a job may lower a limit at its start): re-read every few samples.
+LIMITS_EVERY = 5
+#: Memory maps of a quiet process far from vm.max_map_count are counted every few samples only.
+MAPS_EVERY = 5
+#: ...but at every sample once it is past this share of the limit or grew since it was last counted.
+MAPS_BUSY = 0.05
+
+
 @dataclass
 class Sampler:
     """Samples ``root`` and its descendants (new ones are picked up at each sample)."""
 
     root: int
     limits: HostLimits = field(default_factory=host_limits)
-    pss_every: int = 5
+    pss_every: int = PSS_EVERY
     exclude: frozenset[int] = frozenset()
     _n: int = 0
     _last_cpu: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     _names: dict[tuple[int, int], str] = field(default_factory=dict)
+    _rlimits: dict[tuple[int, int], tuple[int, dict[str, int | None]]] = field(default_factory=dict)
+    _maps: dict[tuple[int, int], tuple[int, int | None]] = field(default_factory=dict)
+    _grew: dict[tuple[int, int], bool] = field(default_factory=dict)
     _gpu: Any = None
 
     def sample(self) -> dict[str, Any]:
@@ -112,10 +125,10 @@ class Sampler:
         cpu = None if last is None else max(0.0, (st.cpu_seconds - last[1]) / max(now - last[0], 1e-3) * 100)
         self._last_cpu[key] = (now, st.cpu_seconds)
         pss = None
-        if self._n % self.pss_every == 1 or self.pss_every <= 1:
+        if self.pss_every <= 1 or self._n % self.pss_every == 1:
             mem = proc_memory(pid)
             pss = mem["pss"] if mem else None
-        limits = soft_limits(proc)
+        limits = self._soft_limits(key, proc)
         return {
             "pid": pid,
             "ppid": st.ppid,
@@ -126,11 +139,31 @@ class Sampler:
             "as_limit": limits.get("as"),
             "fds": count_fds(proc),
             "nofile": limits.get("nofile"),
-            "maps": count_maps(proc),
+            "maps": self._count_maps(key, proc),
             "threads": st.threads,
             "cpu_percent": None if cpu is None else round(cpu, 1),
             "gpu_bytes": gpu.get(pid),
         }
+
+    def _soft_limits(self, key: tuple[int, int], proc: Path) -> dict[str, int | None]:
+        seen = self._rlimits.get(key)
+        if seen is None or self._n - seen[0] >= LIMITS_EVERY:
+            seen = (self._n, soft_limits(proc))
+            self._rlimits[key] = seen
+        return seen[1]
+
+    def _count_maps(self, key: tuple[int, int], proc: Path) -> int | None:
+        """Counted at every sample when it matters (near the limit, or growing), else every few."""
+        seen = self._maps.get(key)
+        limit = self.limits.max_map_count or 65530
+        if seen is not None and seen[1] is not None:
+            quiet = seen[1] < MAPS_BUSY * limit and not self._grew.get(key, False)
+            if quiet and self._n - seen[0] < MAPS_EVERY:
+                return seen[1]
+        n = count_maps(proc)
+        self._grew[key] = seen is not None and n is not None and seen[1] is not None and n > seen[1]
+        self._maps[key] = (self._n, n)
+        return n
 
     def _name(self, key: tuple[int, int], proc: Path, st: Stat) -> str:
         """``comm`` and a short, redacted command line, read once per process."""

@@ -1,5 +1,5 @@
 """The closed loop with watch: for every lab scenario whose failure builds up over time (memory maps,
-descriptors, /dev/shm filling, memory growing into RLIMIT_AS), ``lab run NAME --watch`` shows watch's warning of the right family
+descriptors, /dev/shm filling, memory growing into RLIMIT_AS, threads growing into RLIMIT_NPROC), ``lab run NAME --watch`` shows watch's warning of the right family
 arriving before the failure's text; and the seed case under ``torchdoctor watch`` itself is warned
 about and then explained as shm-map-count.
 
@@ -29,6 +29,7 @@ BUILT_UP = [
     "fd-queue-ancdata",
     "shm-fill-kept-batches",
     "oom-rlimit-as-growth",
+    "threads-nproc-growth",
 ]
 NOT_BUILT_UP = {
     "fd-spawn-dataset": "its 256 descriptors go within about 0.1 s (warned 0.03-0.08 s ahead at 20 Hz here)",

@@ -11,7 +11,7 @@ Timeline JSON (``--timeline``), ``schema_version`` 1, times in Unix seconds::
      "signal": str | null, "started": float, "ended": float, "interval": float,
      "limits": {"max_map_count", "shm_bytes", "cgroup_memory_bytes", "mem_total_bytes"},
      "samples": [{"t", "processes": [{"pid", "ppid", "name", "rss", "pss", "vsize", "as_limit", "fds", "nofile", "maps",
-                  "threads", "cpu_percent", "gpu_bytes"}], "shm_used", "torch_segments",
+                  "threads", "uid", "nproc", "cpu_percent", "gpu_bytes"}], "shm_used", "torch_segments",
                   "shm_size", "cgroup_memory", "mem_available"}],
      "warnings": [{"t", "pid", "process", "code", "family", "resource", "value", "limit", "rate",
                    "projected_seconds", "message"}],

@@ -141,6 +141,8 @@ class Sampler:
             "nofile": limits.get("nofile"),
             "maps": self._count_maps(key, proc),
             "threads": st.threads,
+            "uid": _uid(proc),
+            "nproc": limits.get("nproc"),
             "cpu_percent": None if cpu is None else round(cpu, 1),
             "gpu_bytes": gpu.get(pid),
         }
@@ -229,6 +231,13 @@ class Sampler:
                 if p.get("pid") is not None and p.get("used_memory_bytes") is not None:
                     out[int(p["pid"])] = out.get(int(p["pid"]), 0) + int(p["used_memory_bytes"])
         return out
+
+
+def _uid(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
 
 
 def _role(argv: list[str]) -> str | None:

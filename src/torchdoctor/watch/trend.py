@@ -39,6 +39,7 @@ class Resource:
 RESOURCES = {
     "maps": Resource("maps", "memory maps", "TD155"),
     "fds": Resource("fds", "open files", "TD153"),
+    "tasks": Resource("tasks", "tasks (processes and threads) against RLIMIT_NPROC", "TD280"),
     "address_space": Resource("address_space", "address space (RLIMIT_AS)", "TD270", bytes=True),
     "shm": Resource("shm", "/dev/shm used", "TD156", bytes=True),
     "cgroup_memory": Resource("cgroup_memory", "cgroup memory", "TD202", bytes=True),
@@ -113,6 +114,7 @@ class Warner:
             yield self._one(
                 t, ident, p["pid"], p.get("name") or "?", "address_space", p.get("vsize"), p.get("as_limit")
             )
+        yield from self._tasks(t, sample.get("processes", []))
         host = (None, "host")
         shm_limit = sample.get("shm_size") or limits.get("shm_bytes")  # the job's /dev/shm, which may change
         yield self._one(t, host, None, "/dev/shm", "shm", sample.get("shm_used"), shm_limit)
@@ -129,6 +131,22 @@ class Warner:
         used = total - avail if isinstance(total, int) and isinstance(avail, int) else None
         if not limits.get("cgroup_memory_bytes"):
             yield self._one(t, host, None, "this host", "host_memory", used, total)
+
+    def _tasks(self, t: float, procs: list[dict[str, Any]]) -> Iterator[Warning | None]:
+        """RLIMIT_NPROC counts every task of a user: the job's threads per uid (root is exempt)."""
+        by_uid: dict[int, list[dict[str, Any]]] = {}
+        for p in procs:
+            if isinstance(p.get("uid"), int) and p["uid"] != 0 and isinstance(p.get("threads"), int):
+                by_uid.setdefault(p["uid"], []).append(p)
+        for uid, group in by_uid.items():
+            limits = [p["nproc"] for p in group if isinstance(p.get("nproc"), int)]
+            if not limits:
+                continue
+            total = sum(p["threads"] for p in group)
+            biggest = max(group, key=lambda p: p["threads"])
+            yield self._one(
+                t, ("uid", uid), biggest["pid"], f"uid {uid}, {len(group)} process(es)", "tasks", total, min(limits)
+            )
 
     def _one(
         self, t: float, ident: Any, pid: int | None, label: str, key: str, value: Any, limit: Any

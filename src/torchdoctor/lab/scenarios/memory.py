@@ -130,13 +130,13 @@ def _user_tasks(uid: int) -> int:
     return count
 
 
-def _run_as_nobody_with_nproc(name: str, fixed: bool) -> None:
+def _run_as_nobody_with_nproc(name: str, fixed: bool, room: int = NPROC_ROOM) -> None:
     """As root: re-run this scenario as an unprivileged user whose RLIMIT_NPROC leaves room for a few tasks only."""
     import resource
     import subprocess
     import sys
 
-    limit = _user_tasks(NOBODY) + NPROC_ROOM
+    limit = _user_tasks(NOBODY) + room
 
     def lower() -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
@@ -180,6 +180,40 @@ def threads_nproc_limit(fixed: bool) -> None:
     torch.set_num_threads(1 if fixed else POOL_THREADS)
     a = torch.ones(512, 512)
     print(f"matmul on {torch.get_num_threads()} thread(s): {(a @ a).sum().item()}")
+
+
+#: The growing variant adds one OpenMP thread this often, with room for NPROC_GROWTH_ROOM tasks.
+THREAD_EVERY = 0.15
+NPROC_GROWTH_ROOM = 24
+
+
+@scenario(
+    name="threads-nproc-growth",
+    family="thread-oversubscription",
+    code="TD280",
+    summary=f"an unprivileged process whose RLIMIT_NPROC leaves room for {NPROC_GROWTH_ROOM} tasks grows torch's "
+    f"OpenMP pool by one thread every {THREAD_EVERY:g} s (a matmul after each): 'libgomp: Thread creation failed' "
+    "once the room is used up",
+    fix="a fixed, small pool: torch.set_num_threads(4) (OMP_NUM_THREADS=4)",
+    needs=("torch", "root", "setpriv"),
+    seconds=5.0,
+    timeout=60.0,
+    memory_mb=1024,
+)
+def threads_nproc_growth(fixed: bool) -> None:
+    import os
+    import time
+
+    if os.geteuid() == 0:
+        _run_as_nobody_with_nproc("threads-nproc-growth", fixed, room=NPROC_GROWTH_ROOM)
+    import torch
+
+    a = torch.ones(256, 256)
+    for k in range(1, 4 * NPROC_GROWTH_ROOM):
+        torch.set_num_threads(min(k, 4) if fixed else k)
+        (a @ a).sum().item()
+        time.sleep(THREAD_EVERY)
+    print(f"matmul on up to {torch.get_num_threads()} thread(s)")
 
 
 # -- growth: memory that builds up until the limit (what watch can see coming) -----------------------

@@ -57,12 +57,12 @@ def host_limits() -> HostLimits:
         mmc: int | None = int(Path("/proc/sys/vm/max_map_count").read_text().split()[0])
     except (OSError, ValueError):
         mmc = None
-    shm_facts = shm.gather(ctx)
+    shm_now = shm.gather(ctx)
     cg = cgroups.gather(ctx).get("memory") or {}
     limited = cg.get("limited") and cg.get("max_bytes")
     return HostLimits(
         max_map_count=mmc,
-        shm_size=shm_facts.get("size_bytes"),
+        shm_size=shm_now.get("size_bytes"),
         cgroup_memory_max=cg.get("max_bytes") if limited else None,
         cgroup_memory_file=(str(ctx.path(cg["current_source"])) if limited and cg.get("current_source") else None),
         mem_total=_meminfo().get("MemTotal"),

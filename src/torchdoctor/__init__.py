@@ -41,6 +41,13 @@ _EXPORTS: dict[str, str] = {
     "ProbeOptions": "probes",
     "LoaderReport": "probes",
     "Watcher": "watch",
+    "CheckpointError": "guards.checkpoint",
+    "save": "guards.checkpoint",
+    "load": "guards.checkpoint",
+    "RankFile": "guards.rankfile",
+    "RankFileHandler": "guards.rankfile",
+    "rank0_only": "guards.rankfile",
+    **dict.fromkeys(["guard", "worker_init_fn", "seed_worker", "cap_worker_threads", "make_worker_init_fn"], "guards"),
 }
 
 if TYPE_CHECKING:
@@ -49,6 +56,9 @@ if TYPE_CHECKING:
     from .explain import Diagnosis, ExplainReport, explain, explain_exception
     from .facts import Facts, GatherContext, gather
     from .families import FAMILIES
+    from .guards import cap_worker_threads, guard, make_worker_init_fn, seed_worker, worker_init_fn
+    from .guards.checkpoint import CheckpointError, load, save
+    from .guards.rankfile import RankFile, RankFileHandler, rank0_only
     from .model import Evidence, ExitCode, Finding, Severity
     from .options import CheckOptions
     from .probes import LoaderReport, ProbeOptions, probe_loader

@@ -6,7 +6,6 @@ are the recorded Slurm node (8 x V100, 4 visible) with the rank's own environmen
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,11 @@ from torchdoctor.dist.rules import (
     rank_states,
     shared_devices,
 )
-from torchdoctor.facts import Facts
-from torchdoctor.facts.gpu import resolve_visible
 
 from .conftest import REPO, run_cli
+from .support.gpu import rank_facts
 
 JOURNALS = REPO / "tests" / "fixtures" / "dist" / "journals"
-NODE = REPO / "tests" / "fixtures" / "facts" / "slurm-4gpu-node.json"
 
 
 def replay(case: str) -> dict[int | None, Any]:
@@ -109,22 +106,6 @@ def test_report_json_has_the_documented_keys_and_renders(tmp_path: Path) -> None
 
 
 # -- devices ----------------------------------------------------------------------------------------
-
-
-def rank_facts(env: dict[str, str], *, exclusive: dict[int, int] | None = None) -> Facts:
-    """The recorded node as one rank sees it: its environment, CUDA_VISIBLE_DEVICES resolved anew;
-    ``exclusive`` puts GPU index -> a foreign pid in Exclusive_Process mode."""
-    data = json.loads(NODE.read_text())
-    data = copy.deepcopy(data)
-    data["host"]["env"].update(env)
-    data["host"]["env"] = {k: v for k, v in data["host"]["env"].items() if v is not None}
-    for dev in data["gpu"]["devices"]:
-        if exclusive and dev["index"] in exclusive:
-            dev["compute_mode"] = "Exclusive_Process"
-            dev["processes"] = [{"pid": exclusive[dev["index"]], "name": "other_job", "type": "C"}]
-    visible = data["host"]["env"].get("CUDA_VISIBLE_DEVICES")
-    data["gpu"]["visible"] = resolve_visible(visible, data["gpu"]["devices"])
-    return Facts(data)
 
 
 def devices_of(envs: list[dict[str, str]]) -> dict[int, dict[str, Any]]:

@@ -42,6 +42,11 @@ _EXPORTS: dict[str, str] = {
     "LoaderReport": "probes",
     "Watcher": "watch",
     "CheckpointError": "guards.checkpoint",
+    "DeviceError": "guards.devices",
+    "select_device": "guards.devices",
+    "limit_gpu_memory": "guards.devices",
+    "DistInitError": "guards.dist",
+    "init_distributed": "guards.dist",
     "save": "guards.checkpoint",
     "load": "guards.checkpoint",
     "RankFile": "guards.rankfile",
@@ -58,6 +63,8 @@ if TYPE_CHECKING:
     from .families import FAMILIES
     from .guards import cap_worker_threads, guard, make_worker_init_fn, seed_worker, worker_init_fn
     from .guards.checkpoint import CheckpointError, load, save
+    from .guards.devices import DeviceError, limit_gpu_memory, select_device
+    from .guards.dist import DistInitError, init_distributed
     from .guards.rankfile import RankFile, RankFileHandler, rank0_only
     from .model import Evidence, ExitCode, Finding, Severity
     from .options import CheckOptions

@@ -53,17 +53,11 @@ def _mount_tmpfs(where: str, size: str) -> None:
 
 
 def _atomic_save(obj: object, path: str) -> None:
-    """The catalogue's fix for partial writes: save to a temporary file beside it, then rename over the target."""
-    import torch
+    """The catalogue's fix for partial writes, through the guard: torchdoctor.save (temporary file, fsync,
+    os.replace)."""
+    import torchdoctor
 
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".pt")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    torchdoctor.save(obj, path)
 
 
 def _unmount(where: str) -> None:
@@ -87,7 +81,7 @@ def _saved(path: str) -> None:
     family="checkpoint-io",
     code="TD650",
     summary="torch.save into a directory that does not exist: 'Parent directory ... does not exist.'",
-    fix="create the directory first: os.makedirs(dirname, exist_ok=True)",
+    fix="torchdoctor.save(obj, path): it creates the directory (or os.makedirs(dirname, exist_ok=True) first)",
     seconds=2.0,
     timeout=60.0,
     memory_mb=1024,
@@ -99,8 +93,11 @@ def ckpt_save_missing_dir(fixed: bool) -> None:
     try:
         path = os.path.join(root, "run-7", "checkpoints", "last.pt")
         if fixed:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save(_state(), path)
+            import torchdoctor
+
+            torchdoctor.save(_state(), path)  # the guard: the directory is created, the write atomic
+        else:
+            torch.save(_state(), path)
         _saved(path)
     finally:
         shutil.rmtree(root)
@@ -359,7 +356,7 @@ def ckpt_save_io_error(fixed: bool) -> None:
     summary="a good checkpoint is overwritten in place by a save that fails on a full file system (that earlier "
     "job's error is not part of this log); torch.load of the result: 'PytorchStreamReader failed reading "
     "zip archive: failed finding central directory'",
-    fix="save atomically (temporary file + os.replace): the failed save leaves the previous checkpoint intact",
+    fix="torchdoctor.save (temporary file + fsync + os.replace): the failed save leaves the previous checkpoint intact",
     needs=("torch", "root", "unshare"),
     seconds=2.0,
     timeout=60.0,
@@ -374,10 +371,12 @@ def ckpt_load_truncated(fixed: bool) -> None:
         _mount_tmpfs(where, FULL_FS_SIZE)
         path = os.path.join(where, "last.pt")
         torch.save(_state(), path)  # the previous, good checkpoint (4 KiB)
-        try:  # the earlier job: a 16 MiB save that runs out of space
-            (_atomic_save if fixed else torch.save)(_state(BIG_TENSOR_ELEMS), path)
-        except (RuntimeError, OSError):
-            pass
+        from torchdoctor import TorchDoctorError, save
+
+        try:  # the earlier job: a 16 MiB save that runs out of space (guarded: refused, or undone)
+            (save if fixed else torch.save)(_state(BIG_TENSOR_ELEMS), path)
+        except (RuntimeError, OSError, TorchDoctorError) as exc:
+            print(f"the earlier save failed: {type(exc).__name__}", flush=True)
         state = torch.load(path)  # this job: resume
         print(f"resumed from step {state['step']} ({os.path.getsize(path)} bytes)")
     finally:

@@ -40,8 +40,6 @@ from .. import scenario
 
 WRITERS = 4
 RECORDS = 10_000
-#: The fixed logger appends this many whole lines per write, each write under the file lock.
-FLUSH_EVERY = 500
 
 
 def _record(rank: int, step: int) -> str:
@@ -49,19 +47,17 @@ def _record(rank: int, step: int) -> str:
 
 
 def _writer(rank: int, path: str, fixed: bool) -> None:
-    """One process's metrics logger: a record per step, appended to the shared file."""
-    with io.TextIOWrapper(open(path, "ab", buffering=0), write_through=True) as f:
-        if not fixed:
-            for step in range(RECORDS):
-                print(_record(rank, step), file=f)
-            return
-        from filelock import FileLock
+    """One process's metrics logger: a record per step, appended to the shared file with print()."""
+    if fixed:
+        from torchdoctor import RankFile
 
-        lock = FileLock(path + ".lock")
-        for start in range(0, RECORDS, FLUSH_EVERY):  # a buffered logger: whole lines, flushed under the lock
-            chunk = "".join(_record(rank, step) + "\n" for step in range(start, min(start + FLUSH_EVERY, RECORDS)))
-            with lock:
-                f.write(chunk)
+        with RankFile(path) as rf:  # the guard
+            for step in range(RECORDS):
+                print(_record(rank, step), file=rf)
+        return
+    with io.TextIOWrapper(open(path, "ab", buffering=0), write_through=True) as f:
+        for step in range(RECORDS):
+            print(_record(rank, step), file=f)
 
 
 def _read_back(path: str) -> tuple[list[dict[str, Any]], list[int], int]:
@@ -102,7 +98,7 @@ def _lost(path: str) -> int:
     code="TD657",
     summary=f"{WRITERS} processes append {RECORDS} JSON lines each to one file with unbuffered print(); reading it "
     "back: records glued onto one line ('JSONDecodeError: Extra data')",
-    fix="serialise the appends with a file lock (filelock.FileLock around each write of whole lines)",
+    fix="torchdoctor.RankFile(path): whole lines, one O_APPEND write each, whatever print() does",
     seconds=3.0,
     timeout=120.0,
     memory_mb=1536,
@@ -231,8 +227,13 @@ def _save_same_path(rank: int, path: str, barrier: Any, fixed: bool) -> None:
         **{f"layer{i}.weight": torch.full((LAYER_ELEMS,), float(i)) for i in range(LAYERS)},
     }
     barrier.wait()
-    if not fixed or rank == 0:
-        torch.save(state, path, _use_new_zipfile_serialization=False)
+    if fixed:
+        import torchdoctor
+
+        os.environ["RANK"] = str(rank)  # as torchrun sets it
+        torchdoctor.save(state, path, rank0_only=True)  # the guard
+        return
+    torch.save(state, path, _use_new_zipfile_serialization=False)
 
 
 @scenario(
@@ -241,7 +242,7 @@ def _save_same_path(rank: int, path: str, barrier: Any, fixed: bool) -> None:
     code="TD660",
     summary=f"{RANKS} ranks torch.save (legacy format) to one path at once, then the job resumes from it: "
     f"torch.load fails with 'storage has wrong size' (repeated up to {SAVE_ROUNDS} rounds until it shows)",
-    fix="save from rank 0 only (the others skip torch.save)",
+    fix="torchdoctor.save(state, path, rank0_only=True): rank 0 writes, atomically; the others skip",
     seconds=4.0,
     timeout=120.0,
     memory_mb=1536,

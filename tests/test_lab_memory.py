@@ -88,6 +88,7 @@ def test_check_predicts_the_nproc_limit(runs: LabRuns) -> None:
     if not Path("/usr/bin/setpriv").exists():
         pytest.skip("setpriv is not installed")
     runs.get("threads-nproc-limit")  # skips when the scenario cannot run here (not root)
+    runs.wait_all()  # threads-nproc-growth runs as the same user: its tasks would inflate the count below
     limit = memory._user_tasks(memory.NOBODY) + memory.NPROC_ROOM
     findings = check_json(prefix=NOBODY, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit)))
     assert "TD209" in findings, sorted(findings)

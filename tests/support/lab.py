@@ -63,6 +63,11 @@ class LabRuns:
             pytest.skip(f"{name}: {rec.skipped}")
         return rec
 
+    def wait_all(self) -> None:
+        """Every run finished: nothing of the lab runs beside the caller (a test counting a user's tasks)."""
+        for future in self.futures.values():
+            future.result()
+
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 

@@ -305,5 +305,5 @@ def test_dist_predicts_the_labs_distributed_failures(name: str, holder: tuple[in
     assert ff["family"] == scenario.family, f"{name}: lab {scenario.code} ({scenario.family}), dist {ff}"
     if name == "dist-no-master":  # refusal told apart from a timeout, and the address named
         assert "connection refused: nothing listens at 127.0.0.1:" in ff["message"]
-    if name == "dist-rank0-alone":
-        assert "1/2 clients joined" in ff["message"]
+    if name == "dist-rank0-alone":  # torch's own words, or (a loaded machine) the watchdog's
+        assert "1/2 clients joined" in ff["message"] or "step rendezvous" in ff["message"]

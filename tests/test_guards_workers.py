@@ -99,6 +99,7 @@ def test_composed_with_a_user_function(method: str) -> None:
 
 
 def test_helpers_outside_a_worker_and_pickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     before = torch.get_num_threads()
@@ -111,6 +112,11 @@ def test_helpers_outside_a_worker_and_pickling(monkeypatch: pytest.MonkeyPatch) 
         assert calls == [0]  # OpenCV's own pool off
     finally:
         torch.set_num_threads(before)
+        for name, value in saved.items():  # cap_worker_threads set them: later tests' children must not inherit them
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     torch.manual_seed(5)
     assert torchdoctor.seed_worker(0) == 5 and random.random() == random.Random(5).random()
     init = pickle.loads(pickle.dumps(torchdoctor.worker_init_fn.then(mark_user)))

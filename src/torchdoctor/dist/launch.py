@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import UsageError
 from ..supervise import Limits, child_env, reap_session, start, supervise
 from .journal import DIR_VAR, journals, rank_of, read_records
-from .probe import CONFIG_VAR, DEFAULT_SIZES, DEFAULT_TIMEOUT, WATCHDOG_SLACK, Fault, ProbeConfig
+from .probe import CONFIG_VAR, DEFAULT_SIZES, DEFAULT_TIMEOUT, RENDEZVOUS_SLACK, WATCHDOG_SLACK, Fault, ProbeConfig
 from .report import DistReport, build, states_from_gathered
 from .rules import STEPS, WAITING_CODES, RankState, rank_states
 
@@ -128,8 +128,9 @@ class Watcher:
             self.records.setdefault(path, []).extend(recs)
         states = self.states()
         now = time.time()
-        late = self.timeout + WATCHDOG_SLACK + MARGIN
         for st in states.values():
+            slack = RENDEZVOUS_SLACK if st.running == "rendezvous" else WATCHDOG_SLACK
+            late = self.timeout + slack + MARGIN
             if st.running and st.running_since and not st.ended and now - st.running_since > late:
                 self.overdue = self.overdue or (str(st.running), now)
                 st.overdue = True

@@ -52,6 +52,7 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_SIZES = (4 * 1024, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024)
 #: The watchdog fires this long after torch's own timeout would have.
 WATCHDOG_SLACK = 1.0
+RENDEZVOUS_SLACK = 2.5
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 124
 EXIT_STOPPED = 143
@@ -279,7 +280,9 @@ class Probe:
             self.journal.write({"event": "step", "step": name, "status": "skipped", "seconds": 0.0})
             return
         assert self.watchdog is not None
-        self.watchdog.arm(name, self.cfg.timeout + WATCHDOG_SLACK)
+        # torch's store rounds its timeout up to whole seconds and then retries: more slack at the rendezvous
+        slack = RENDEZVOUS_SLACK if name == "rendezvous" else WATCHDOG_SLACK
+        self.watchdog.arm(name, self.cfg.timeout + slack)
         self.journal.write({"event": "step", "step": name, "status": "running"})
         started = time.monotonic()
         record: dict[str, Any] = {"event": "step", "step": name}
@@ -381,10 +384,23 @@ class Probe:
 
         assert self.rank is not None and self.world is not None
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        reach = None
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         if self.rank != 0 or agent_store:  # a client of the store: can it reach it at all? (told apart, recorded)
             reach = tcp_reach(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), min(2.0, self.cfg.timeout / 2))
             self.journal.write({"event": "note", "step": "rendezvous", "connect": reach})
-        store, _, _ = next(dist.rendezvous("env://", rank=self.rank, world_size=self.world, timeout=self.deadline()))
+        try:
+            store, _, _ = next(
+                dist.rendezvous("env://", rank=self.rank, world_size=self.world, timeout=self.deadline())
+            )
+        except Exception as exc:
+            if reach is None:
+                raise
+            from .rules import reach_text
+
+            text = "".join(traceback.format_exception(exc)).strip()
+            found = explained(text)
+            raise StepFailed(f"{_one_line(exc)}; {reach_text(reach, where)}", found["code"], {"connect": reach}) from exc
         self.store = store
         run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
         self.journal.attach(store, f"{KEY_PREFIX}/{run}/rank/{self.rank}")

@@ -251,10 +251,10 @@ def status_of(st: RankState, step: str) -> tuple[str, float | None]:
     if rec is not None:
         return str(rec.get("status")), rec.get("seconds")
     if st.running == step:
+        if st.died():  # the launcher saw it end by a fault of its own: that, even if others missed it
+            return "died", None
         if st.overdue or step in st.missed:
             return "timeout", None
-        if st.died():
-            return "died", None
         return "stopped", None
     return "not run", None
 
@@ -309,6 +309,15 @@ def first_failure(states: Mapping[int | None, RankState], backend: str = "gloo")
     return best
 
 
+def reach_text(reach: str | None, where: str) -> str:
+    """What one TCP connect to the store's address said, in words."""
+    return {
+        "refused": f"connection refused: nothing listens at {where} (rank 0 or its launcher is not up)",
+        "timeout": f"no answer from {where} (a firewall drops the packets, or the address is wrong)",
+        "open": f"{where} accepts connections but the store never answered (another service on that port?)",
+    }.get(str(reach), f"{where}: {reach}" if reach else f"no store reached at {where}")
+
+
 def _waiters(states: Mapping[int | None, RankState], rank: int | None, step: str) -> list[int]:
     """The ranks whose wait at ``step`` failed because ``rank`` never arrived."""
     out = []
@@ -348,13 +357,7 @@ def _failure(
         master = ((st.steps.get("env") or {}).get("details") or {}).get("master")
         if step == "rendezvous" and st.rank not in (0, None):
             code = "TD453"  # a client that never got through to the store
-            where = master or "MASTER_ADDR:MASTER_PORT"
-            reach = (st.notes.get("rendezvous") or {}).get("connect")
-            why = {
-                "refused": f"connection refused: nothing listens at {where} (rank 0 or its launcher is not up)",
-                "timeout": f"no answer from {where} (a firewall drops the packets, or the address is wrong)",
-                "open": f"{where} accepts connections but the store never answered (another service on that port?)",
-            }.get(str(reach), f"{where}: {reach}" if reach else f"no store reached at {where}")
+            why = reach_text((st.notes.get("rendezvous") or {}).get("connect"), master or "MASTER_ADDR:MASTER_PORT")
             message = f"rank {st.rank} could not join the rendezvous within its deadline: {why}"
     info = lookup(code) if code else None
     return {

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..facts.dist_env import free_port
 from ..supervise import Limits, child_env, reap_session, start, supervise
 from .journal import DIR_VAR, journals, rank_of, read_records
 from .probe import CONFIG_VAR, DEFAULT_SIZES, DEFAULT_TIMEOUT, RENDEZVOUS_SLACK, WATCHDOG_SLACK, Fault, ProbeConfig
@@ -44,12 +45,6 @@ class LaunchOptions:
     sizes: tuple[int, ...] = DEFAULT_SIZES
     fault: Fault | None = None
     log_dir: str | None = None
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def endpoint_of(opts: LaunchOptions, env: dict[str, str]) -> tuple[str, int, str]:
@@ -295,7 +290,7 @@ def _agent_failure(agent: dict[str, Any], work: Path, host: str, port: int, opts
     message = f"{err.get('type', 'error')}: {err.get('message', '')}".strip()
     log = (work / "agent.log").read_text(errors="replace") if (work / "agent.log").exists() else ""
     report = explain(f"{log}\n{message}")
-    top = report.root_cause or (report.diagnoses[0] if report.diagnoses else None)
+    top = report.top
     timeout = "Timeout" in str(err.get("type")) or "timed out" in message.lower() or err.get("type") == "timeout"
     code = "TD452" if timeout or top is None else top.code
     info = lookup(code)

@@ -647,7 +647,7 @@ def explained(text: str) -> dict[str, Any]:
     from ..explain import explain
 
     report = explain(text)
-    top = report.root_cause or (report.diagnoses[0] if report.diagnoses else None)
+    top = report.top
     if top is None:
         return {"code": None, "fix": ""}
     return {"code": top.code, "fix": top.fix}

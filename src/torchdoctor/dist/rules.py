@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..catalogue.gpu import _visible
@@ -76,7 +76,7 @@ def shared_devices(devices: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
             continue
         label = devices[ranks[0]].get("label", uuid)
         finding = code.finding(Hit({"duplicate": f"ranks {', '.join(map(str, ranks))} on {host} all use {label}"}))
-        out.append(_with(finding, message=f"ranks {_join(ranks)} on {host} would all use {label} (GPU {uuid})."))
+        out.append(replace(finding, message=f"ranks {_join(ranks)} on {host} would all use {label} (GPU {uuid})."))
     return out
 
 
@@ -380,9 +380,3 @@ def _rank_key(rank: int | None) -> int:
 
 def _join(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks))
-
-
-def _with(finding: Finding, **changes: Any) -> Finding:
-    from dataclasses import replace
-
-    return replace(finding, **changes)

@@ -152,6 +152,11 @@ class ExplainReport:
     """Error lines (no signature trigger) skipped because two of the same shape were already read."""
 
     @property
+    def top(self) -> Diagnosis | None:
+        """The first diagnosis, whatever its role (the root cause when there is one)."""
+        return self.diagnoses[0] if self.diagnoses else None
+
+    @property
     def root_cause(self) -> Diagnosis | None:
         """The chosen root cause: the top diagnosis when its role is root-cause."""
         if self.diagnoses and self.diagnoses[0].role == "root-cause":

@@ -298,6 +298,13 @@ def _store(
     return out
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (bind to port 0 and let the kernel choose)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def try_bind(addr: str, port: int) -> dict[str, Any]:
     """Bind ``addr:port`` with SO_REUSEADDR (as TCPStore does), then close. Never listens."""
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET

@@ -16,11 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..catalogue.gpu import _LOCAL_RANK_VARS
 from ..errors import TorchDoctorError
 from ..facts import Facts
 from ..units import human_bytes
 
-_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 _JOB_VARS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT")
 
 

@@ -103,7 +103,7 @@ def init_distributed(
         from ..explain import explain
 
         report = explain("".join(traceback.format_exception(exc)))
-        top = report.root_cause or (report.diagnoses[0] if report.diagnoses else None)
+        top = report.top
         raise DistInitError(
             f"init_process_group({chosen!r}) failed: {str(exc).splitlines()[0]}", top.code if top else None
         ) from exc

@@ -47,8 +47,8 @@ class Prediction:
 
 
 def _env(p: Prediction) -> dict[str, str]:
+    from ..facts.dist_env import free_port
     from ..supervise import child_env
-    from .scenarios.dist import free_port
 
     env = {k: v for k, v in child_env().items() if k not in _DIST_VARS}
     for key, value in p.env:

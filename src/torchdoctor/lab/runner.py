@@ -146,10 +146,6 @@ def _quiet(_: Any) -> None:
     return None
 
 
-def _watcher(pid: int, interval: float) -> _LabWatch:
-    return _LabWatch(pid, interval)
-
-
 def run(s: Scenario, fixed: bool = False, timeout: float | None = None, watch: float | None = None) -> RunRecord:
     """Run one scenario (or its fixed variant) and capture what really happened. ``watch``: sample the
     scenario's process tree every ``watch`` seconds, as ``torchdoctor watch`` does (its timeline)."""
@@ -177,7 +173,7 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None, watch: f
             while size[0] > OUTPUT_LIMIT and len(chunks) > 2:  # keep the head and the newest output
                 size[0] -= len(chunks.pop(1))
 
-    watcher = _watcher(proc.pid, watch) if watch else None
+    watcher = _LabWatch(proc.pid, watch) if watch else None
     t = threading.Thread(target=reader, daemon=True)
     t.start()
     try:

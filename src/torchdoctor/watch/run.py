@@ -294,7 +294,7 @@ def diagnose(paths: list[Path], timeline: Timeline, require_failure: bool = Fals
         report = explain(existing if len(existing) > 1 else existing[0])  # type: ignore[arg-type]
     except UsageError:  # the job's output is binary, not a log: nothing to explain, the exit code stands
         return None
-    top = report.root_cause or (report.diagnoses[0] if report.diagnoses else None)
+    top = report.top
     if top is None:
         return None
     first = next((w for w in timeline.warnings if w.family == top.family), None)

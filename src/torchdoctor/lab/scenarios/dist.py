@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 
+from ...facts.dist_env import free_port
 from .. import scenario
 from ..predict import FREE_PORT, Prediction
 
@@ -40,13 +41,6 @@ LOOPBACK = "127.0.0.1"
 #: Keep gloo's own connections on the loopback interface.
 DIST_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
 MiB = 1024 * 1024
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now (bind to port 0 and let the kernel choose)."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def _timeout(seconds: float) -> datetime.timedelta:

@@ -63,6 +63,20 @@ def test_save_load_roundtrip_creates_directory_and_leaves_no_temp(tmp_path: Path
     assert torchdoctor.save is save and torchdoctor.load is load
 
 
+def test_durable_false_skips_only_the_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    target = tmp_path / "ckpt.pt"
+    save(_state(step=1), target)
+    assert len(synced) == 2  # the file, then its directory
+    synced.clear()
+    save(_state(step=2), target, durable=False, verify=True)
+    assert synced == []
+    assert load(target)["step"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
 def test_a_file_where_the_directory_should_be_is_td603(tmp_path: Path) -> None:
     (tmp_path / "run").write_text("not a directory")
     for target in (tmp_path / "run" / "ckpt.pt", tmp_path / "run" / "sub" / "ckpt.pt"):
@@ -112,16 +126,18 @@ def test_keyboard_interrupt_mid_save_removes_temp_and_keeps_previous(
 TRIALS = 60
 
 
-def _writer(target: Path, state: dict[str, Any]) -> None:  # runs in a forked child; never returns
+def _writer(target: Path, state: dict[str, Any], durable: bool) -> None:  # runs in a forked child; never returns
     try:
         for step in range(10**9):
             state["step"] = step
-            save(state, target)
+            save(state, target, durable=durable)
     finally:
         os._exit(1)
 
 
-def test_sigkill_at_random_moments_never_breaks_the_previous_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "no-fsync"])
+def test_sigkill_at_random_moments_never_breaks_the_previous_checkpoint(tmp_path: Path, durable: bool) -> None:
+    # durable=False skips the fsyncs: a killed *process* still never leaves a broken checkpoint
     rng = random.Random(int(os.environ.get("TD_KILL_SEED", "0")) or None)
     target = tmp_path / "ckpt.pt"
     state = _state(mib=24, step=-1)  # built before fork: the child uses no thread pools
@@ -132,7 +148,7 @@ def test_sigkill_at_random_moments_never_breaks_the_previous_checkpoint(tmp_path
     for trial in range(TRIALS):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
-            _writer(target, state)
+            _writer(target, state, durable)
         if trial % 2:
             time.sleep(rng.uniform(0, 0.4))  # anywhere: between saves, in torch.save, fsync, rename
         else:  # aim at the write itself: kill shortly after a temp file appears

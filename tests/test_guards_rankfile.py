@@ -7,6 +7,9 @@ import logging
 import multiprocessing as mp
 import os
 import re
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -90,11 +93,73 @@ def test_close_writes_a_trailing_partial_line_and_flush_keeps_lines_whole(tmp_pa
         f.flush()
         assert path.read_text() == ""  # a partial line waits for its newline
         f.write("line\nsecond")
+        f.flush()  # complete lines are batched until flush_every passes, or flush()
         assert path.read_text() == "first line\n"
     assert path.read_text() == "first line\nsecond\n"
     assert f.closed
     with pytest.raises(ValueError):
         f.write("x")
+
+
+def test_batched_lines_reach_the_file_within_flush_every_without_more_writes(tmp_path: Path) -> None:
+    path = tmp_path / "log.txt"
+    with RankFile(path, flush_every=0.2) as f:
+        print("one", file=f)
+        print("two", file=f)
+        assert path.read_text() == ""  # waiting in the batch
+        deadline = time.monotonic() + 5
+        while path.read_text() != "one\ntwo\n" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        waited = 5 - (deadline - time.monotonic())
+        assert path.read_text() == "one\ntwo\n"  # the background thread wrote them, with one append
+        assert waited < 2
+
+
+def test_flush_every_zero_writes_each_line_as_it_completes(tmp_path: Path) -> None:
+    path = tmp_path / "log.txt"
+    with RankFile(path, flush_every=0) as f:
+        f.write("a")
+        assert path.read_text() == ""
+        f.write("\n")
+        assert path.read_text() == "a\n"
+    with pytest.raises(ValueError, match="flush_every"):
+        RankFile(path, flush_every=-1)
+
+
+def test_lines_waiting_at_exit_are_written(tmp_path: Path) -> None:
+    # the process ends (normally, or by an uncaught exception) right after printing: atexit writes the batch
+    path = tmp_path / "log.txt"
+    code = (
+        "import sys, torchdoctor\n"
+        f"f = torchdoctor.RankFile({str(path)!r}, flush_every=60)\n"
+        "print('last words', file=f)\n"
+        "raise SystemExit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert path.read_text() == "last words\n"
+
+
+def test_handler_writes_errors_at_once_and_guard_flushes_waiting_lines(tmp_path: Path) -> None:
+    logger = logging.getLogger("td-test-flush")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    handler = RankFileHandler(tmp_path / "h.log", flush_every=60)
+    logger.addHandler(handler)
+    plain = RankFile(tmp_path / "p.log", flush_every=60)
+    try:
+        logger.info("routine")
+        assert (tmp_path / "h.log").read_text() == ""
+        logger.error("broken")  # an error is written at once, with what waited before it
+        assert (tmp_path / "h.log").read_text() == "routine\nbroken\n"
+        print("before the failure", file=plain)
+        with pytest.raises(ZeroDivisionError), torchdoctor.guard(report_dir=tmp_path / "reports"):
+            1 / 0  # noqa: B018
+        assert (tmp_path / "p.log").read_text() == "before the failure\n"
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        plain.close()
 
 
 def test_prefix_names_rank_on_every_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +172,7 @@ def test_prefix_names_rank_on_every_line(tmp_path: Path, monkeypatch: pytest.Mon
 def test_forked_child_does_not_repeat_the_parents_partial_line(tmp_path: Path) -> None:
     path = tmp_path / "log.txt"
     f = RankFile(path)
-    f.write("parent partial ")
+    f.write("parent whole line\nparent partial ")  # a complete line waits in the batch, then a partial one
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
@@ -118,7 +183,7 @@ def test_forked_child_does_not_repeat_the_parents_partial_line(tmp_path: Path) -
     os.waitpid(pid, 0)
     f.write("end\n")
     f.close()
-    assert sorted(path.read_text().splitlines()) == ["child line", "parent partial end"]
+    assert sorted(path.read_text().splitlines()) == ["child line", "parent partial end", "parent whole line"]
 
 
 def _logger_proc(path: str, rank: int, barrier: Any) -> None:

@@ -277,6 +277,7 @@ def report_failure(
                 _unmarkable.add(id(exc))
             path: Path | None = None
             data: dict[str, Any] | None = None
+            _flush_rank_files()  # the lines logged just before the failure, before a launcher can kill us
             try:
                 data = build_report(exc, thread, facts)
             except Exception as err:
@@ -306,6 +307,12 @@ def report_failure(
             return path
     except Exception:  # the last line of defence: never replace the user's exception
         return None
+
+
+def _flush_rank_files() -> None:
+    rankfile = sys.modules.get("torchdoctor.guards.rankfile")
+    if rankfile is not None:
+        rankfile._flusher.flush_all()
 
 
 def _note(text: str, end: str = "\n") -> None:

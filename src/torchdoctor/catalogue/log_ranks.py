@@ -1,0 +1,129 @@
+"""TD469, TD277, TD366: what the ranks of one job report about each other while it trains.
+
+``torchdoctor.ranks.sync.check_in_sync`` compares per-tensor checksums of every rank's model (TD469);
+``torchdoctor.ranks.memory.MemoryTracker`` gathers every rank's peak memory and names the rank that
+holds far more than the others (TD277 host memory, TD366 GPU memory). Both print the line a
+signature here recognises, so ``explain`` reads them back from a job's log: this module is loaded
+with the ``log_*`` modules (see :func:`torchdoctor.catalogue.load`).
+
+None of the three has a preflight check: only the running ranks can compare themselves. TD469's and
+TD277's signatures were recorded by the lab (``torchdoctor/lab/scenarios/ranks.py``); TD366 has
+none yet: its line is TD277's with "GPU memory", and no GPU run has recorded it.
+"""
+
+from __future__ import annotations
+
+from ..model import Severity
+from ..registry import Code, register
+from ..signature import Role, Signature
+
+TD469 = register(
+    Code(
+        code="TD469",
+        name="rank-parameters-differ",
+        family="rank-divergence",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="a parameter or buffer holds another value on some ranks",
+        message="{name} differs on rank(s) {ranks} from the reference value (largest checksum difference {diff}).",
+        fix="Give every rank the same state before wrapping the model: load checkpoints and (re)initialise layers "
+        "before `DistributedDataParallel(model)` (it broadcasts rank 0's parameters and buffers once, at "
+        "construction), or broadcast afterwards (`for t in model.state_dict().values(): dist.broadcast(t, 0)`). "
+        "Look for rank-dependent code paths that touch {name}: `if rank == ...` around loading or initialisation, "
+        "seeds drawn per rank before a layer is created, buffers updated outside forward (DDP broadcasts buffers "
+        "only from rank 0's forward).",
+        meaning="`check_in_sync` computed a few checksums of every parameter and buffer (sum, sum of squares, two "
+        "position-weighted sums, in float64) on every rank and gathered them in one collective. The named tensor's "
+        "checksums on the named ranks differ from the reference: the value most ranks hold, or rank 0's when no "
+        "value has a majority. The first line names the first such tensor in module order. `<structure>` means the "
+        "ranks do not even hold the same list of tensors (names, shapes, dtypes).",
+        why="DDP keeps replicas equal only if they start equal and every rank applies the same averaged update. A "
+        "checkpoint loaded after wrapping on some ranks only, a layer re-initialised after wrapping under per-rank "
+        "seeds, a buffer changed on one rank (running statistics with `broadcast_buffers=False`), parameters "
+        "edited in place outside autograd, or a rank that skipped an optimizer step make them drift apart for good.",
+        false_positives="Sharded parameters (FSDP, DTensor) and deliberately rank-local tensors differ by design: "
+        "exclude them. Checksums of equal tensors computed on CPUs of another kind may differ in their last bits; "
+        "differences below 1e-10 of a checksum's magnitude are therefore ignored.",
+        related=("TD466", "TD495", "TD499"),
+        signatures=(
+            Signature(
+                role=Role.ROOT_CAUSE,
+                triggers=("TD469 rank-divergence: ",),
+                pattern=r"TD469 rank-divergence: (?P<name>\S+) differs on rank\(s\) (?P<ranks>\d+(?:, \d+)*) from "
+                r"the reference value \(largest checksum difference (?P<diff>[^)\s]+)\)",
+                confidence=0.95,
+            ),
+        ),
+    )
+)
+
+_IMBALANCE_FIX = (
+    "Find what rank {rank} does that the others do not, between steps {first_step} and {last_step}: logging, "
+    "evaluation or metrics run on rank 0 only; step outputs or losses kept in a list as tensors (`losses.append("
+    "loss)` keeps every step's graph: append `loss.item()` or `loss.detach()`); `torch.save` from rank 0 building a "
+    "full CPU copy of the state (save from a `state_dict()` without extra copies, or shard it); caches or "
+    "datasets materialised by one rank."
+)
+_IMBALANCE_WHY = (
+    "Work done on one rank only: rank 0 usually logs, evaluates, accumulates metrics and writes checkpoints, and "
+    "anything it keeps (a tensor per step, a copy of the model) grows its memory alone, until that rank alone "
+    "runs out."
+)
+_IMBALANCE_MEANING = (
+    "`MemoryTracker` sampled each rank's peak {what} every few steps and gathered the samples to every rank; one "
+    "rank's peak is at least 1.5 times the median of the others and at least 64 MiB above it. The step range is "
+    "where its peak rose from the others' level to its own. It is a warning: the job still runs, but that rank "
+    "reaches the limit first."
+)
+
+TD277 = register(
+    Code(
+        code="TD277",
+        name="rank-host-memory-imbalance",
+        family="host-oom",
+        severity=Severity.WARNING,
+        area="memory",
+        title="one rank uses far more host memory than the others",
+        message="rank {rank}'s peak host memory {peak} is {ratio}x the median of the other ranks ({others}); it grew "
+        "between steps {first_step} and {last_step}.",
+        fix=_IMBALANCE_FIX,
+        meaning=_IMBALANCE_MEANING.format(what="host memory (VmHWM, the peak resident set of the process)"),
+        why=_IMBALANCE_WHY,
+        false_positives="A rank given extra work on purpose (a parameter server, a rank that hosts the data "
+        "loader for the others, pipeline stages of different sizes) is imbalanced by design. The peak counts "
+        "pages shared with other processes (forked DataLoader workers' parents) as the rank's own.",
+        related=("TD366", "TD270"),
+        signatures=(
+            Signature(
+                # evidence for an out-of-memory failure of the same rank (TD270), never a failure in itself
+                role=Role.CONFIRMATION,
+                triggers=("TD277 host-oom: ",),
+                pattern=r"TD277 host-oom: rank (?P<rank>\d+)'s peak host memory (?P<peak>[\d.]+ [KMGT]?i?B) is "
+                r"(?P<ratio>[\d.]+)x the median of the other ranks \((?P<others>[\d.]+ [KMGT]?i?B)\); it grew between "
+                r"steps (?P<first_step>\d+) and (?P<last_step>\d+)",
+                confidence=0.8,
+            ),
+        ),
+    )
+)
+
+TD366 = register(
+    Code(
+        code="TD366",
+        name="rank-gpu-memory-imbalance",
+        family="cuda-oom",
+        severity=Severity.WARNING,
+        area="gpu",
+        title="one rank uses far more GPU memory than the others",
+        message="rank {rank}'s peak GPU memory {peak} is {ratio}x the median of the other ranks ({others}); it grew "
+        "between steps {first_step} and {last_step}.",
+        fix=_IMBALANCE_FIX,
+        meaning=_IMBALANCE_MEANING.format(what="GPU memory (`torch.cuda.max_memory_allocated` of its device)"),
+        why=_IMBALANCE_WHY + " On GPUs also: rank 0 gathering every rank's outputs or a full state dict to its own "
+        "device, and evaluation batches larger than the training batches.",
+        false_positives="Pipeline or tensor-parallel stages of different sizes; a rank that also runs a model kept "
+        "only there (an EMA copy, a teacher). `max_memory_allocated` counts tensors, not the caching allocator's "
+        "reserve or other processes on the device.",
+        related=("TD277", "TD350"),
+    )
+)

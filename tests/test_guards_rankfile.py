@@ -115,6 +115,25 @@ def test_batched_lines_reach_the_file_within_flush_every_without_more_writes(tmp
         assert waited < 2
 
 
+def test_the_flush_thread_ends_when_every_rankfile_is_closed(tmp_path: Path) -> None:
+    import threading
+
+    def flushers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "torchdoctor-rankfile-flush"]
+
+    with RankFile(tmp_path / "a.log") as a, RankFile(tmp_path / "b.log"):
+        print("x", file=a)
+        assert len(flushers()) == 1  # one thread for every file of the process
+    deadline = time.monotonic() + 5
+    while flushers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert flushers() == []
+    with RankFile(tmp_path / "c.log") as c:  # a new file starts it again
+        print("y", file=c)
+        assert len(flushers()) == 1
+    assert (tmp_path / "a.log").read_text() == "x\n" and (tmp_path / "c.log").read_text() == "y\n"
+
+
 def test_flush_every_zero_writes_each_line_as_it_completes(tmp_path: Path) -> None:
     path = tmp_path / "log.txt"
     with RankFile(path, flush_every=0) as f:

@@ -155,6 +155,7 @@ class RankFile(io.TextIOBase):
                 self._partial, self._lines, self._size = "", [], 0
                 os.close(self._fd)
                 self._fd = None
+        _flusher.discard(self)
         super().close()
 
     def __enter__(self) -> RankFile:
@@ -207,8 +208,10 @@ class RankFile(io.TextIOBase):
 
 
 class _Flusher:
-    """One daemon thread per process writing the batches of every open RankFile that are due; started
-    on the first RankFile (again in a forked child, where threads do not survive), flushes all at exit."""
+    """One daemon thread per process writing the batches of every open RankFile that are due. It starts
+    with the first open RankFile (again in a forked child, where threads do not survive) and ends when
+    none is open any more, so a program that closes its files exits with no thread of ours running.
+    Flushes every open file at exit."""
 
     TICK = 0.05
 
@@ -226,12 +229,23 @@ class _Flusher:
                 threading.Thread(target=self._run, name="torchdoctor-rankfile-flush", daemon=True).start()
             self._files.add(f)
 
+    def discard(self, f: RankFile) -> None:
+        with self._guard:
+            self._files.discard(f)
+
     def _run(self) -> None:
         pid = os.getpid()
-        while self._pid == pid:
+        while True:
             time.sleep(self.TICK)
+            with self._guard:
+                if self._pid != pid:
+                    return
+                files = list(self._files)
+                if not files:  # every RankFile is closed: the thread ends; the next RankFile starts another
+                    self._pid = -1
+                    return
             now = time.monotonic()
-            for f in list(self._files):
+            for f in files:
                 try:
                     f._flush_due(now)
                 except Exception:  # a full disk or a closed descriptor: the next write reports it

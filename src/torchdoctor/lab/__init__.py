@@ -26,6 +26,7 @@ NEEDS = {
     "unshare": "unshare -m (private mount namespace)",
     "chattr": "chattr on the temp file system",
     "setpriv": "setpriv to drop privileges",
+    "lightning": "PyTorch Lightning importable (lightning or pytorch_lightning)",
 }
 
 

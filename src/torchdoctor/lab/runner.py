@@ -81,6 +81,8 @@ def missing_needs(s: Scenario) -> str | None:
     for need in s.needs:
         if need == "torch" and importlib.util.find_spec("torch") is None:
             return "torch is not installed (pip install torch)"
+        if need == "lightning" and not any(importlib.util.find_spec(m) for m in ("lightning", "pytorch_lightning")):
+            return "PyTorch Lightning is not installed (pip install 'torchdoctor[lightning]')"
         if need == "root" and os.geteuid() != 0:
             return "needs root (private mounts, dropped privileges)"
         if need == "unshare":

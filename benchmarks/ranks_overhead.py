@@ -1,0 +1,180 @@
+"""What ``DoctorCallback`` costs a Lightning training step: a tiny model, ``ddp`` on gloo, 2 CPU processes.
+
+Target: at most 1% of the step time, with ``sync_every=100`` (``check_in_sync``) and run fingerprints
+recorded every step (loss, gradient norm, parameter and batch checksums), plus per-step memory samples.
+
+Two measurements, side by side in one run:
+
+* **loops**: the same job without and with the callback (``base`` / ``doctor``), interleaved, ``--rounds``
+  times each; the time per step between ``on_train_start`` and ``on_train_end`` on rank 0 (start-up,
+  preflight and the determinism audit, once per fit, are outside). Medians, the per-round ratio, and the
+  spread of ``base``: on a shared 2-core VM the loops move by several percent between runs, more than the
+  effect measured.
+* **inside**: in the ``doctor`` runs, the time spent inside the callback's per-step hooks
+  (``on_before_optimizer_step``, ``on_train_batch_end``), measured around each call, as a share of the
+  step. That is the callback's own cost and does not depend on the noise of the loop.
+
+    python benchmarks/ranks_overhead.py [--steps 1500] [--rounds 3]
+
+Lightning starts rank 1 by running this script again with the same arguments (``--child``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PER_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")
+
+
+def child(args: argparse.Namespace) -> None:
+    """One training job (both ranks run this)."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchdoctor.lightning import DoctorCallback
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 256),
+                torch.nn.ReLU(),
+                torch.nn.Linear(256, 256),
+                torch.nn.ReLU(),
+                torch.nn.Linear(256, 1),
+            )
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class Clock(L.Callback):
+        started = ended = 0.0
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.ended = time.perf_counter()
+
+    class TimedDoctor(DoctorCallback):
+        """DoctorCallback with a stopwatch around its per-step hooks."""
+
+        inside = 0.0
+
+    for name in PER_STEP_HOOKS:
+
+        def timed(self: Any, *a: Any, __name: str = name, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return getattr(DoctorCallback, __name)(self, *a, **k)
+            finally:
+                self.inside += time.perf_counter() - t0
+
+        setattr(TimedDoctor, name, timed)
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    n = args.steps * 32 * 2
+    data = DataLoader(TensorDataset(torch.randn(n, 32), torch.randn(n, 1)), batch_size=32)
+    clock = Clock()
+    callbacks: list[Any] = [clock]
+    doctor = None
+    if args.variant == "doctor":
+        doctor = TimedDoctor(sync_every=100, fingerprints=Path(args.out) / "fingerprints", report_dir=Path(args.out))
+        callbacks.append(doctor)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=1,
+        enable_progress_bar=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    trainer.fit(Tiny(), data)
+    if trainer.global_rank == 0:
+        steps = int(trainer.global_step)
+        result = {
+            "per_step": (clock.ended - clock.started) / steps,
+            "inside": (doctor.inside / steps) if doctor is not None else 0.0,
+            "steps": steps,
+            "syncs": len(doctor.sync_reports) if doctor is not None else 0,
+        }
+        (Path(args.out) / "result.json").write_text(json.dumps(result))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="base", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    import lightning
+    import torch
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    times: dict[str, list[float]] = {"base": [], "doctor": []}
+    inside: list[float] = []
+    syncs = 0
+    with tempfile.TemporaryDirectory(prefix="td-ranks-bench-") as d:
+        for r in range(args.rounds):
+            for variant in ("base", "doctor") if r % 2 == 0 else ("doctor", "base"):
+                out = Path(d) / f"{variant}-{r}"
+                out.mkdir()
+                cmd = [sys.executable, __file__, "--child", "--variant", variant, "--out", str(out)]
+                proc = subprocess.run(
+                    [*cmd, "--steps", str(args.steps)], env=env, cwd=out, capture_output=True, text=True, timeout=900
+                )
+                if proc.returncode != 0:
+                    sys.exit(f"{variant} run failed:\n{proc.stderr[-3000:]}")
+                res = json.loads((out / "result.json").read_text())
+                times[variant].append(res["per_step"])
+                if variant == "doctor":
+                    inside.append(res["inside"])
+                    syncs = res["syncs"]
+                print(f"round {r + 1}/{args.rounds} {variant:6}: {res['per_step'] * 1e3:.3f} ms/step", flush=True)
+    base, doc = statistics.median(times["base"]), statistics.median(times["doctor"])
+    paired = statistics.median(dt / bt for dt, bt in zip(times["doctor"], times["base"]))
+    spread = (max(times["base"]) - min(times["base"])) / base
+    own = statistics.median(inside)
+    print(
+        f"torch {torch.__version__}, lightning {lightning.__version__}, ddp/gloo 2 CPU processes, "
+        f"{args.steps} steps x {args.rounds} rounds; DoctorCallback(sync_every=100) with fingerprints every step "
+        f"({syncs} sync checks per run)"
+    )
+    print(f"base spread (max-min)/median: {spread:.1%}")
+    print(
+        f"loops:  base {base * 1e3:.3f} ms/step, doctor {doc * 1e3:.3f} ms/step: {doc / base - 1:+.2%} (paired {paired - 1:+.2%})"
+    )
+    verdict = "within" if own <= 0.01 * base else "ABOVE"
+    print(
+        f"inside: the callback's per-step hooks take {own * 1e6:.1f} us = {own / base:.2%} of a base step "
+        f"({verdict} the 1% target)"
+    )
+
+
+if __name__ == "__main__":
+    main()

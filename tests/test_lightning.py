@@ -1,0 +1,116 @@
+"""DoctorCallback in a real Lightning ``Trainer``: ``ddp`` on gloo, 2 CPU processes, a tiny model.
+
+Each test runs ``tests/support/lightning_job.py`` as a user runs a training script; Lightning starts
+rank 1 itself. What the callback saw is in ``result-rank{R}.json``; what the user sees is stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchdoctor.explain import shows
+from torchdoctor.lab import get
+from torchdoctor.lab.runner import missing_needs, run
+
+from .conftest import REPO
+
+pytest.importorskip("lightning")
+
+JOB = REPO / "tests" / "support" / "lightning_job.py"
+RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK")
+
+
+def job(out: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], dict[int, Any]]:
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARS and not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    proc = subprocess.run(
+        [sys.executable, str(JOB), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=out.parent,
+    )
+    results = {
+        int(p.stem.removeprefix("result-rank")): json.loads(p.read_text()) for p in out.glob("result-rank*.json")
+    }
+    return proc, results
+
+
+def test_clean_run_passes_every_check_and_prints_preflight_once(tmp_path: Path) -> None:
+    out = tmp_path / "clean"
+    proc, results = job(out, "--doctor", "--sync-every", "5", "--fingerprints", str(tmp_path / "fp"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(results) == [0, 1]
+    for r in results.values():
+        assert r["steps"] == 40 and r["error"] is None
+        assert [step for step, _ in r["sync"]] == list(range(5, 41, 5))
+        assert all(ok for _, ok in r["sync"])
+        assert sorted(r["preflight"]) == ["0", "1"]  # every rank's problems, on every rank
+        assert len(r["memory"]) == 1 and r["memory"][0][1]["finding"] is None
+    assert proc.stderr.count("torchdoctor preflight") == 1  # printed by rank 0 only
+    assert "TD469" not in proc.stderr
+    for rank in (0, 1):
+        lines = (tmp_path / "fp" / f"fingerprints-rank{rank}.jsonl").read_text().splitlines()
+        assert len(lines) >= 40
+    assert not (out / "torchdoctor-reports").exists()
+
+
+def test_perturbed_rank_is_named_within_sync_every_steps_and_reported(tmp_path: Path) -> None:
+    out = tmp_path / "perturbed"
+    proc, results = job(out, "--doctor", "--sync-every", "5", "--perturb", "1:7")
+    assert proc.returncode != 0
+    err = proc.stderr
+    line = next(x for x in err.splitlines() if "TD469" in x and "torchdoctor (step" in x)
+    assert "rank-divergence" in line and "net.2.weight" in line, line
+    assert "step 10" in line  # perturbed after step 7, caught at the next check
+    assert err.count("torchdoctor (step 10)") == 1  # printed once, by rank 0
+    assert "1" in line.split("net.2.weight", 1)[1]  # the rank that differs is named after the tensor
+    for r in results.values():
+        assert r["error"] and r["error"].startswith("RankDivergenceError")
+        assert r["steps"] == 10
+    reports = sorted((out / "torchdoctor-reports").glob("*.json"))
+    assert len(reports) == 2, reports  # guard: one per rank
+    body = json.loads(reports[0].read_text())
+    assert "RankDivergenceError" in json.dumps(body)
+
+
+def test_perturbed_rank_with_warn_keeps_training(tmp_path: Path) -> None:
+    out = tmp_path / "warned"
+    proc, results = job(out, "--doctor", "--sync-every", "5", "--perturb", "1:7", "--on-mismatch", "warn")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sync = dict((step, ok) for step, ok in results[0]["sync"])
+    assert sync[5] is True and sync[10] is False and sync[40] is False
+    assert "TD469" in proc.stderr
+
+
+def test_rank_that_keeps_memory_each_step_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "leak"
+    proc, results = job(out, "--doctor", "--sync-every", "20", "--leak", "1:8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (epoch, report), *_ = results[0]["memory"]
+    finding = report["finding"]
+    assert finding is not None and finding["rank"] == 1, report
+    assert finding["code"] == "TD277"
+    assert 0 <= finding["grew_from_step"] < finding["grew_to_step"] <= 40
+    assert results[1]["memory"][0][1]["finding"]["rank"] == 1  # the same report on every rank
+    line = next(x for x in proc.stderr.splitlines() if "TD277" in x)
+    assert "rank 1" in line, line
+
+
+def test_unlocked_callback_mangles_its_file_and_doctor_open_does_not() -> None:
+    s = get("lightning-callback-shared-log")
+    reason = missing_needs(s)
+    if reason:
+        pytest.skip(reason)
+    bad = run(s, fixed=False)
+    assert bad.failed and shows(bad.text(), "TD657"), bad.tail()
+    good = run(s, fixed=True)
+    assert good.exit_code == 0, good.tail()

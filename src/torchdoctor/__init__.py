@@ -53,6 +53,11 @@ _EXPORTS: dict[str, str] = {
     "RankFileHandler": "guards.rankfile",
     "rank0_only": "guards.rankfile",
     **dict.fromkeys(["guard", "worker_init_fn", "seed_worker", "cap_worker_threads", "make_worker_init_fn"], "guards"),
+    "check_in_sync": "ranks.sync",
+    "RankDivergenceError": "ranks.sync",
+    "MemoryTracker": "ranks.memory",
+    "determinism_report": "ranks.determinism",
+    "RunRecorder": "ranks.fingerprint",
 }
 
 if TYPE_CHECKING:
@@ -69,6 +74,10 @@ if TYPE_CHECKING:
     from .model import Evidence, ExitCode, Finding, Severity
     from .options import CheckOptions
     from .probes import LoaderReport, ProbeOptions, probe_loader
+    from .ranks.determinism import determinism_report
+    from .ranks.fingerprint import RunRecorder
+    from .ranks.memory import MemoryTracker
+    from .ranks.sync import RankDivergenceError, check_in_sync
     from .registry import Code, Hit, all_codes, lookup
     from .signature import Role, Signature
     from .watch import Watcher

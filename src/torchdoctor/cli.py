@@ -55,6 +55,7 @@ LAZY_COMMANDS = {
     "explain": "cli_explain",
     "lab": "cli_lab",
     "loader": "cli_loader",
+    "runs": "cli_runs",
     "watch": "cli_watch",
 }
 

@@ -1,10 +1,10 @@
-"""TD469, TD277, TD366: what the ranks of one job report about each other while it trains.
+"""TD469, TD277, TD366, TD477: what the ranks of one job (or two runs) report about each other.
 
 ``torchdoctor.ranks.sync.check_in_sync`` compares per-tensor checksums of every rank's model (TD469);
 ``torchdoctor.ranks.memory.MemoryTracker`` gathers every rank's peak memory and names the rank that
-holds far more than the others (TD277 host memory, TD366 GPU memory). Both print the line a
-signature here recognises, so ``explain`` reads them back from a job's log: this module is loaded
-with the ``log_*`` modules (see :func:`torchdoctor.catalogue.load`).
+holds far more than the others (TD277 host memory, TD366 GPU memory); ``torchdoctor runs diff``
+names the step where two recorded runs part (TD477). Each prints the line a signature here
+recognises, so ``explain`` reads them back from a job's log.
 
 None of the three has a preflight check: only the running ranks can compare themselves. TD469's and
 TD277's signatures were recorded by the lab (``torchdoctor/lab/scenarios/ranks.py``); TD366 has
@@ -125,5 +125,43 @@ TD366 = register(
         "only there (an EMA copy, a teacher). `max_memory_allocated` counts tensors, not the caching allocator's "
         "reserve or other processes on the device.",
         related=("TD277", "TD350"),
+    )
+)
+
+TD477 = register(
+    Code(
+        code="TD477",
+        name="runs-parted",
+        family="rank-divergence",
+        severity=Severity.WARNING,
+        area="distributed",
+        title="two runs that should compute the same thing part at a step",
+        message="the runs part at step {step} on rank {rank}: the {cause} differs first ({fields}).",
+        fix="Make deterministic what parted first. Data: seed the workers' generators "
+        "(`worker_init_fn=torchdoctor.worker_init_fn`, TD471) and the shuffling; start: `torch.manual_seed(SEED)` "
+        "before building the model (TD470); computation: `torch.use_deterministic_algorithms(True)` (TD472-TD476). "
+        "Here: {advice}",
+        meaning="`torchdoctor runs diff` compared two runs recorded with `RunRecorder` step by step and rank "
+        "by rank: the batch checksum (taken before the step), the loss and gradients (during it), the "
+        "parameters (after the update). What differs first says where to look: the data (the batch differs), "
+        "the start (the parameters differ before any data could matter: initialisation or seed) or the "
+        "computation (same batch, different results).",
+        why="Data: workers' random augmentations from unseeded generators (TD471), shuffling from an unseeded "
+        "generator, file listings in directory order. Start: no `torch.manual_seed` before the model is built "
+        "(TD470). Computation: non-deterministic operations (TD476, TD472, TD473), a different number of "
+        "threads or ranks, another torch or hardware.",
+        false_positives="Runs meant to differ (another seed, another configuration); differences below "
+        "the compared tolerance matter to nobody (pass `--rtol`/`--atol`).",
+        related=("TD470", "TD471", "TD476"),
+        signatures=(
+            Signature(
+                # `torchdoctor runs diff`'s own verdict line (also printed by the lab's runs scenario)
+                role=Role.ROOT_CAUSE,
+                triggers=("the runs part at step",),
+                pattern=r"the runs part at step (?P<step>\d+) on rank (?P<rank>\d+): the "
+                r"(?P<cause>data or computation|data|start|computation)\b",
+                confidence=0.9,
+            ),
+        ),
     )
 )

@@ -1,0 +1,513 @@
+"""Per-step run fingerprints: a few float64 checksums per step and rank, for ``torchdoctor runs diff``.
+
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    with RunRecorder("runs/a", model=model) as rec:        # model: the initial parameters go in the header
+        for step, (x, y) in enumerate(loader):
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            rec.record(step, loss=loss, model=model, batch=(x, y))   # after the update, before zero_grad
+            opt.zero_grad()
+
+What one step's record means (``diff`` attributes a parting by it): ``batch`` is the step's input,
+fixed before the step computes anything; ``loss`` and ``grads`` were computed during the step from the
+parameters the previous step left; ``params`` are the parameters after this step's update. Record after
+``optimizer.step()`` and before ``zero_grad()`` so that ``grads`` are this step's gradients.
+
+Files: ``RUN_DIR/fingerprints-rank{R}.jsonl``, one JSON object per line, appended whole with one
+``O_APPEND`` write per batch of lines (:class:`torchdoctor.RankFile`): a header
+``{"kind": "header", "schema": 1, "rank", "world_size", "torch", "seed", "initial_seed", "started",
+"pid", "host", "meta", "init"?}``, then per step ``{"kind": "step", "step", "batch"?, "loss"?,
+"grad_norm"?, "params"?, "grads"?, "extra"?, "t"}``. Recording again into the same
+directory appends a new header: from its first step on, the new recording replaces the old one (a
+run resumed from a checkpoint at that step, or the same directory recorded again from step 0).
+
+Checksums (float64, on the tensor's device, a few host transfers per record): a tensor's is
+``Σ x_i·w_i`` with position weights ``w_i = 1 + frac(i·0.618...)``, so reordering samples or pixels
+changes it; a module's ``params``/``grads`` are ``n``, ``sum``, ``sumsq`` and ``wsum``, a position-weighted
+sum (over the elements of all tensors, concatenated, up to :data:`FLAT_LIMIT` elements; above it and with
+``per_tensor``, each tensor's sum weighted by its position in the module). Equal values give equal
+checksums bit for bit when the same code runs on the same hardware and thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..errors import TorchDoctorError
+
+SCHEMA = 1
+FILE_RE = re.compile(r"^fingerprints-rank(\d+)\.jsonl$")
+#: The golden ratio's fractional part: position weights that never repeat in a useful period.
+_PHI = 0.6180339887498949
+#: Position weights and float64 scratch vectors are kept per (length, device) up to this many elements,
+#: at most :data:`_CACHED` of each: a run's shapes repeat, and a fresh large float64 vector per step costs
+#: more than the reductions (page faults). Longer vectors are made per call.
+CACHE_LIMIT = 1 << 21
+_CACHED = 4
+_weights: dict[tuple[int, str], Any] = {}
+_local = threading.local()  # the scratch vectors: one set per thread, so recorders in threads never share one
+#: Up to this many elements a module's tensors are checksummed as one float64 vector (fewer, larger
+#: reductions: what keeps a small model's record cheap); above it, tensor by tensor (no big copy).
+FLAT_LIMIT = 1 << 20
+
+
+class RunError(TorchDoctorError):
+    """A directory or file that is not a recorded run (missing, empty, or not RunRecorder's lines)."""
+
+
+# -- checksums -------------------------------------------------------------------------------------------
+
+
+def _cached(cache: dict[tuple[int, str], Any], n: int, device: Any, make: Any) -> Any:
+    if n > CACHE_LIMIT:
+        return make()
+    key = (n, str(device))
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= _CACHED:
+            try:  # the oldest goes; another thread may be doing the same
+                cache.pop(next(iter(cache)), None)
+            except (RuntimeError, StopIteration):
+                pass
+        value = cache[key] = make()
+    return value
+
+
+def _scratch() -> dict[tuple[int, str], Any]:
+    cache: dict[tuple[int, str], Any] = _local.__dict__.setdefault("scratch", {})
+    return cache
+
+
+def _position_weights(n: int, device: Any) -> Any:
+    import torch
+
+    return _cached(
+        _weights, n, device, lambda: torch.arange(n, dtype=torch.float64, device=device).mul_(_PHI).frac_().add_(1.0)
+    )
+
+
+def _flat64(tensors: list[Any]) -> Any:
+    """The tensors' values, flattened one after the other into a float64 scratch vector (overwritten by the
+    next call of the same length: reduce it before asking again). One ``cat`` into it, which converts."""
+    import torch
+
+    xs = []
+    for t in tensors:
+        x = t.detach()
+        if x.is_complex():
+            x = torch.view_as_real(x)
+        xs.append((x.cpu() if x.device.type == "mps" else x).reshape(-1))  # no float64 on MPS
+    n = sum(x.numel() for x in xs)
+    device = xs[0].device if xs else torch.device("cpu")
+    out = _cached(_scratch(), n, device, lambda: torch.empty(n, dtype=torch.float64, device=device))
+    try:
+        torch.cat(xs, out=out)
+    except RuntimeError:  # a dtype cat will not convert: one copy each
+        offset = 0
+        for x in xs:
+            out[offset : offset + x.numel()].copy_(x)
+            offset += x.numel()
+    return out
+
+
+def _tensor_sum(t: Any) -> Any:
+    """The order-sensitive checksum of one tensor, as a 0-d float64 tensor on its device (no sync)."""
+    import torch
+
+    x = _flat64([t])
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, device=x.device)
+    return torch.dot(x, _position_weights(x.numel(), x.device))
+
+
+def fingerprint_tensor(t: Any) -> float:
+    """``Σ x_i·w_i`` over the tensor's elements in float64, ``w_i = 1 + frac(i·0.618...)``: any change of
+    a value or of the order of values changes it (a flip of an image, samples in another order)."""
+    return float(_tensor_sum(t).item())
+
+
+def _leaves(obj: Any, path: str, out: list[tuple[str, Any]], depth: int = 0) -> None:
+    if depth > 32:
+        out.append((path, f"<{type(obj).__name__}>"))
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _leaves(v, f"{path}.{k}" if path else str(k), out, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _leaves(v, f"{path}[{i}]", out, depth + 1)
+    else:
+        out.append((path, obj))
+
+
+def _is_tensor(obj: Any) -> bool:
+    return hasattr(obj, "detach") and hasattr(obj, "reshape")
+
+
+def _leaf_value(obj: Any) -> str:
+    """A non-tensor leaf: a number as itself, text as a short hash, anything else as its type."""
+    if isinstance(obj, bool) or obj is None:
+        return str(obj)
+    if isinstance(obj, (int, float)):
+        return repr(float(obj))
+    if isinstance(obj, (str, bytes)):
+        data = obj.encode("utf-8", "surrogatepass") if isinstance(obj, str) else obj
+        return "#" + hashlib.sha1(data).hexdigest()[:16]
+    return f"<{type(obj).__name__}>"  # never a repr: it may hold a memory address that differs per run
+
+
+def fingerprint_batch(batch: Any) -> str | float:
+    """A tensor's checksum (a float), or for a tuple/list/dict of tensors (and arrays, numbers, strings)
+    one ``path=value`` per leaf, in order, joined by ``;`` (``[0]=12.5;[1]=3.0``)."""
+    import torch
+
+    if _is_tensor(batch):
+        return fingerprint_tensor(batch)
+    leaves: list[tuple[str, Any]] = []
+    _leaves(batch, "", leaves)
+    sums: dict[int, Any] = {}  # leaf index -> its checksum, all moved to the host at once
+    for i, (_, v) in enumerate(leaves):
+        if not _is_tensor(v) and (type(v).__module__ == "numpy" or hasattr(v, "__array_interface__")):
+            v = torch.as_tensor(v)
+        if _is_tensor(v):
+            sums[i] = _tensor_sum(v)
+    if sums:
+        device = next(iter(sums.values())).device
+        values = dict(zip(sums, torch.stack([x.to(device) for x in sums.values()]).tolist()))
+    return ";".join(f"{path}={repr(values[i]) if i in sums else _leaf_value(v)}" for i, (path, v) in enumerate(leaves))
+
+
+def _stack_sums(tensors: list[Any]) -> tuple[Any, Any]:
+    """Per-tensor float64 sums and sums of squares, each tensor copied into one shared float64 scratch."""
+    import torch
+
+    xs = [t.detach().cpu() if t.device.type == "mps" else t.detach() for t in tensors]  # no float64 on MPS
+    device = xs[0].device
+    longest = max(x.numel() for x in xs)
+    scratch = _cached(_scratch(), longest, device, lambda: torch.empty(longest, dtype=torch.float64, device=device))
+    sums, squares = [], []
+    for x in xs:
+        view = scratch[: x.numel()]
+        view.copy_(x.reshape(-1))
+        sums.append(view.sum().to(device))
+        squares.append(view.dot(view).to(device))
+    return torch.stack(sums), torch.stack(squares)
+
+
+def _flat_eligible(tensors: list[Any]) -> bool:
+    devices = {t.device for t in tensors}
+    return sum(t.numel() for t in tensors) <= FLAT_LIMIT and len(devices) == 1 and next(iter(devices)).type != "mps"
+
+
+def _flat_totals(groups: list[list[Any]]) -> list[dict[str, Any]]:
+    """Small models: each group (parameters, gradients) as one float64 vector, three reductions each,
+    and one transfer to the host for all of them."""
+    import torch
+
+    parts, sizes = [], []
+    for tensors in groups:
+        flat = _flat64(tensors)
+        parts += [flat.sum(), flat.dot(flat), flat.dot(_position_weights(flat.numel(), flat.device))]
+        sizes.append(flat.numel())
+    values = torch.stack(parts).tolist()
+    return [
+        {"n": n, "sum": values[3 * i], "sumsq": values[3 * i + 1], "wsum": values[3 * i + 2]}
+        for i, n in enumerate(sizes)
+    ]
+
+
+def _per_tensor_totals(tensors: list[Any], names: list[str], per_tensor: bool) -> dict[str, Any]:
+    import torch
+
+    sums, squares = _stack_sums(tensors)
+    positions = torch.arange(1, len(tensors) + 1, dtype=torch.float64, device=sums.device)
+    totals = torch.stack([sums.sum(), squares.sum(), torch.dot(sums, positions)]).tolist()
+    n = int(sum(t.numel() for t in tensors))
+    out: dict[str, Any] = {"n": n, "sum": totals[0], "sumsq": totals[1], "wsum": totals[2]}
+    if per_tensor:
+        out["tensors"] = {name: list(v) for name, v in zip(names, torch.stack([sums, squares], 1).tolist())}
+    return out
+
+
+def fingerprint_module(m: Any, *, per_tensor: bool = False) -> dict[str, Any]:
+    """``{"params": {n, sum, sumsq, wsum}, "grads": {...} | None}`` of a module's parameters (and their
+    gradients, when any exist); ``per_tensor``: also ``{"tensors": {name: [sum, sumsq]}}`` under each."""
+    named = [(n, p) for n, p in m.named_parameters()]
+    out: dict[str, Any] = {"params": None, "grads": None}
+    if not named:
+        return out
+    params = [p for _, p in named]
+    with_grad = [(n, p.grad) for n, p in named if p.grad is not None]
+    grads = [g for _, g in with_grad]
+    if not per_tensor and _flat_eligible(params) and (not grads or _flat_eligible(grads)):
+        totals = _flat_totals([params, grads] if grads else [params])
+        out["params"] = totals[0]
+        out["grads"] = totals[1] if grads else None
+        return out
+    out["params"] = _per_tensor_totals(params, [n for n, _ in named], per_tensor)
+    if grads:
+        out["grads"] = _per_tensor_totals(grads, [n for n, _ in with_grad], per_tensor)
+    return out
+
+
+def _scalar(value: Any) -> float:
+    if hasattr(value, "detach"):
+        value = value.detach()
+        if value.numel() != 1:
+            return fingerprint_tensor(value)
+        return float(value.item())
+    return float(value)
+
+
+# -- recording -------------------------------------------------------------------------------------------
+
+
+def _world_size() -> int | None:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:  # a half-torn-down group: fall back to the environment
+        pass
+    value = os.environ.get("WORLD_SIZE", "").strip()
+    return int(value) if value.isdigit() else None
+
+
+class RunRecorder:
+    """Appends one fingerprint line per :meth:`record` to ``run_dir/fingerprints-rank{R}.jsonl``.
+
+    ``rank``: this process's rank (default: the process group's, else ``RANK``, else 0). ``meta``:
+    anything JSON-serialisable to keep in the header (configuration, git commit). ``model``: its
+    initial parameters go into the header, so that ``runs diff`` can tell a different start from a
+    different first step. ``per_tensor``: also keep each parameter's checksums (names the first tensor
+    that differs; larger files). ``every``: record only steps divisible by it (the cost of a record is a
+    few float64 passes over the parameters and gradients; ``runs diff`` then finds a parting to within
+    ``every`` steps)."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        rank: int | None = None,
+        meta: dict[str, Any] | None = None,
+        model: Any = None,
+        per_tensor: bool = False,
+        every: int = 1,
+    ) -> None:
+        import torch
+
+        from ..guards.checkpoint import current_rank
+        from ..guards.rankfile import RankFile
+        from .determinism import seed_is_set
+
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive number of steps; got {every!r}")
+        self.rank = current_rank() if rank is None else int(rank)
+        self.per_tensor = per_tensor
+        self.every = every
+        self.path = Path(os.fspath(run_dir)) / f"fingerprints-rank{self.rank}.jsonl"
+        initial = int(torch.initial_seed())
+        header: dict[str, Any] = {
+            "kind": "header",
+            "schema": SCHEMA,
+            "rank": self.rank,
+            "world_size": (meta or {}).get("world_size") or _world_size(),
+            "torch": str(torch.__version__),
+            "seed": initial if seed_is_set({"initial_seed": initial}) else None,
+            "initial_seed": initial,
+            "started": round(time.time(), 3),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "meta": dict(meta or {}),
+        }
+        if model is not None:
+            header["init"] = fingerprint_module(model, per_tensor=per_tensor)["params"]
+        self._file: RankFile | None = RankFile(self.path)
+        self._write(header)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            raise ValueError(f"RunRecorder for {self.path} is closed")
+        self._file.write(json.dumps(record, default=str) + "\n")
+
+    def record(
+        self, step: int, *, loss: Any = None, model: Any = None, batch: Any = None, grad_norm: Any = None, **extra: Any
+    ) -> None:
+        """One step's fingerprints (see the module's docs for when to call it). ``extra``: more scalars
+        (learning rate, a metric), compared like the loss."""
+        if step % self.every:
+            return
+        rec: dict[str, Any] = {"kind": "step", "step": int(step)}
+        if batch is not None:
+            rec["batch"] = fingerprint_batch(batch)
+        if loss is not None:
+            rec["loss"] = _scalar(loss)
+        if grad_norm is not None:
+            rec["grad_norm"] = _scalar(grad_norm)
+        if model is not None:
+            fp = fingerprint_module(model, per_tensor=self.per_tensor)
+            rec["params"] = fp["params"]
+            if fp["grads"] is not None:
+                rec["grads"] = fp["grads"]
+        if extra:
+            rec["extra"] = {k: _scalar(v) for k, v in extra.items()}
+        rec["t"] = round(time.time(), 3)
+        self._write(rec)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> RunRecorder:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+# -- reading ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """A recorded run: per rank, its header and its step records (``steps[rank][step]``)."""
+
+    path: str
+    meta: dict[int, dict[str, Any]]
+    steps: dict[int, dict[int, dict[str, Any]]]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.steps)
+
+    def losses(self, rank: int) -> list[float]:
+        return [r["loss"] for _, r in sorted(self.steps.get(rank, {}).items()) if r.get("loss") is not None]
+
+
+def _files(path: Path) -> list[tuple[int, Path]]:
+    if not path.exists():
+        raise RunError(
+            f"{path}: no such file or directory; give the directory RunRecorder wrote "
+            f"(RunRecorder(DIR) writes DIR/fingerprints-rank0.jsonl)"
+        )
+    if path.is_file():
+        m = FILE_RE.match(path.name)
+        return [(int(m.group(1)) if m else 0, path)]
+    found = sorted((int(m.group(1)), p) for p in path.iterdir() if (m := FILE_RE.match(p.name)) and p.is_file())
+    if not found:
+        raise RunError(
+            f"{path} holds no fingerprints-rank*.jsonl: it is not a recorded run; record one with "
+            f"torchdoctor.ranks.fingerprint.RunRecorder({str(path)!r}) (see docs/runs.md)"
+        )
+    return found
+
+
+def _parse(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The file's records; a last line cut short (a process killed mid-write) is left out with a note."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: cannot be read as a fingerprint file ({exc})") from None
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    records, notes = [], []
+    for pos, (number, line) in enumerate(lines):
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or rec.get("kind") not in ("header", "step"):
+                raise ValueError("not a header or step record")
+            if rec["kind"] == "step" and not isinstance(rec.get("step"), int):
+                raise ValueError("a step record without an integer step")
+        except (ValueError, KeyError) as exc:
+            if pos == len(lines) - 1 and pos > 0 and not text.endswith("\n"):
+                notes.append(f"{path.name}:{number}: the last line is cut short and was left out")
+                break
+            raise RunError(
+                f"{path}:{number}: not a RunRecorder fingerprint line ({exc}); this file was not written by "
+                "RunRecorder: move it out of the run directory"
+            ) from None
+        records.append(rec)
+    if not records or records[0].get("kind") != "header":
+        raise RunError(
+            f"{path}: does not start with RunRecorder's header line; record runs with "
+            "torchdoctor.ranks.fingerprint.RunRecorder (see docs/runs.md)"
+        )
+    if records[0].get("schema") != SCHEMA:
+        raise RunError(
+            f"{path}: fingerprint schema {records[0].get('schema')!r}; this torchdoctor reads schema {SCHEMA}"
+        )
+    return records, notes
+
+
+def _segments(records: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[int, dict[str, Any]], int]:
+    """One file's header and steps. A later header starts a new recording into the same file: from its
+    first step on it replaces what was there (a run resumed from a checkpoint at that step, or the same
+    directory recorded again from step 0). Returns the header of the earliest kept step and the count of
+    replaced records."""
+    steps: dict[int, dict[str, Any]] = {}
+    owner: dict[int, dict[str, Any]] = {}
+    header, replaced = records[0], 0
+    current, cut = records[0], False
+    for rec in records[1:]:
+        if rec["kind"] == "header":
+            current, cut = rec, True
+            continue
+        if cut:
+            stale = [s for s in steps if s >= rec["step"]]
+            replaced += len(stale)
+            for s in stale:
+                del steps[s], owner[s]
+            cut = False
+        steps[rec["step"]] = rec
+        owner[rec["step"]] = current
+    if steps:
+        header = owner[min(steps)]
+    return header, steps, replaced
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> Run:
+    """Read a run directory (or one fingerprints file). :class:`RunError` names what is wrong and the fix."""
+    path = Path(os.fspath(run_dir))
+    meta: dict[int, dict[str, Any]] = {}
+    steps: dict[int, dict[int, dict[str, Any]]] = {}
+    notes: list[str] = []
+    for file_rank, file in _files(path):
+        records, file_notes = _parse(file)
+        notes += file_notes
+        rank = int(records[0].get("rank", file_rank))
+        if rank in steps:
+            raise RunError(f"{path}: rank {rank} is recorded in two files; keep one fingerprints file per rank")
+        meta[rank], steps[rank], replaced = _segments(records)
+        if replaced:
+            notes.append(
+                f"rank {rank}: recorded again into the same file (a resumed run, or the directory used twice); "
+                f"{replaced} earlier record(s) from the step it restarted at on were replaced"
+            )
+    return Run(str(path), meta, steps, tuple(notes))
+
+
+def finite(value: Any) -> Any:
+    """``value`` with non-finite floats as strings (``"nan"``, ``"inf"``), for strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value

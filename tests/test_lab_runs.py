@@ -1,0 +1,67 @@
+"""The lab's run-to-run scenario (lab/scenarios/runs.py), run for real by the lab runner.
+
+runs-unseeded-worker: two trainings with the same torch seed whose dataset jitters samples with an
+unseeded random.Random() made in each DataLoader worker; `runs diff` (diff_runs) finds them parting
+at step 0, at the data (TD477), and the child exits 1. Seeding that generator from the worker's seed
+(torchdoctor.worker_init_fn.then(reseed)) makes the runs agree bit for bit.
+
+TD477 has no log signature (it is judged by comparing recorded runs, not read from a log), so the
+closed loop of tests/support/lab.py (explain names the code) does not apply; these tests check the
+diff's own output instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from torchdoctor.lab import get
+from torchdoctor.lab.runner import RunRecord, run
+
+NAME = "runs-unseeded-worker"
+
+
+@pytest.fixture(scope="module")
+def records() -> Iterator[dict[bool, RunRecord]]:
+    with ThreadPoolExecutor(2) as pool:
+        futures = {fixed: pool.submit(run, get(NAME), fixed) for fixed in (False, True)}
+        out = {fixed: f.result() for fixed, f in futures.items()}
+    for rec in out.values():
+        if rec.skipped:
+            pytest.skip(f"{NAME}: {rec.skipped}")
+    yield out
+
+
+def test_the_scenario_is_declared_with_its_code() -> None:
+    s = get(NAME)
+    assert (s.code, s.family) == ("TD477", "rank-divergence")
+    assert "worker_init_fn" in s.fix
+
+
+def test_unfixed_runs_part_at_the_data_and_the_child_fails(records: dict[bool, RunRecord]) -> None:
+    rec = records[False]
+    text = rec.text()
+    assert rec.exit_code == 1 and not rec.timed_out and not rec.memory_killed, rec.tail()
+    assert "torchdoctor runs diff PARTED" in text
+    assert "the runs part at step 0 on rank 0: data (the batch)" in text
+    assert re.search(r"TD477 \[rank-divergence\] the runs part at step 0 on rank 0: the data", text), rec.tail()
+    assert "worker_init_fn" in text  # the fix comes with it
+    assert len(re.findall(r": 12 steps recorded, last loss \d", text)) == 2
+
+
+def test_fixed_runs_agree(records: dict[bool, RunRecord]) -> None:
+    rec = records[True]
+    assert rec.exit_code == 0, rec.tail()
+    assert "no difference in 12 step(s) compared over 1 rank(s)" in rec.text()
+    losses = re.findall(r"last loss (\d+\.\d+)", rec.text())
+    assert len(losses) == 2 and losses[0] == losses[1]
+
+
+def test_no_temporary_directory_is_left_behind(records: dict[bool, RunRecord]) -> None:
+    assert all(r.exit_code is not None for r in records.values())
+    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("torchdoctor-lab-runs-")]

@@ -20,10 +20,12 @@ from torchdoctor.lab import get
 from torchdoctor.lab.runner import missing_needs, run
 
 from .conftest import REPO
+from .support.gloo import finished
 
 pytest.importorskip("lightning")
 
 JOB = REPO / "tests" / "support" / "lightning_job.py"
+FIT_DONE = "`Trainer.fit` stopped"  # Lightning's last words of a finished fit
 RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK")
 
 
@@ -47,7 +49,7 @@ def job(out: Path, *args: str, timeout: float = 240) -> tuple[subprocess.Complet
 def test_clean_run_passes_every_check_and_prints_preflight_once(tmp_path: Path) -> None:
     out = tmp_path / "clean"
     proc, results = job(out, "--doctor", "--sync-every", "5", "--fingerprints", str(tmp_path / "fp"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc, FIT_DONE), proc.stderr[-3000:]
     assert sorted(results) == [0, 1]
     for r in results.values():
         assert r["steps"] == 40 and r["error"] is None
@@ -85,7 +87,7 @@ def test_perturbed_rank_is_named_within_sync_every_steps_and_reported(tmp_path: 
 def test_perturbed_rank_with_warn_keeps_training(tmp_path: Path) -> None:
     out = tmp_path / "warned"
     proc, results = job(out, "--doctor", "--sync-every", "5", "--perturb", "1:7", "--on-mismatch", "warn")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc, FIT_DONE), proc.stderr[-3000:]
     sync = dict((step, ok) for step, ok in results[0]["sync"])
     assert sync[5] is True and sync[10] is False and sync[40] is False
     assert "TD469" in proc.stderr
@@ -94,7 +96,7 @@ def test_perturbed_rank_with_warn_keeps_training(tmp_path: Path) -> None:
 def test_rank_that_keeps_memory_each_step_is_named(tmp_path: Path) -> None:
     out = tmp_path / "leak"
     proc, results = job(out, "--doctor", "--sync-every", "20", "--leak", "1:8")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc, FIT_DONE), proc.stderr[-3000:]
     (epoch, report), *_ = results[0]["memory"]
     finding = report["finding"]
     assert finding is not None and finding["rank"] == 1, report

@@ -349,3 +349,30 @@ def test_recorder_never_weakens_strict_deterministic_mode() -> None:
     finally:
         torch.use_deterministic_algorithms(False)
     assert rec.ops == set()
+
+
+def test_planned_facts_for_check_name_the_environment_a_reproducible_run_needs() -> None:
+    from torchdoctor.ranks.determinism import determinism_rules, planned_facts
+
+    cuda = {f.code for f in determinism_rules(planned_facts({}, cuda_built=True))}
+    assert {"TD474", "TD470"} <= cuda  # cuBLAS workspace unset with deterministic algorithms, hash seed unset
+    ok = planned_facts({"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}, cuda_built=True)
+    assert {f.code for f in determinism_rules(ok)} == set()
+    assert "TD474" not in {f.code for f in determinism_rules(planned_facts({}, cuda_built=False))}
+
+
+def test_check_determinism_on_the_command_line() -> None:
+
+    from .conftest import run_cli
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    proc = run_cli("check", "--determinism", "--no-torch", "--format", "json", env=env)
+    assert proc.returncode in (0, 1), proc.stderr
+    codes = {f["code"] for f in json.loads(proc.stdout)["findings"]}
+    assert "TD470" in codes
+    seeded = run_cli("check", "--determinism", "--no-torch", "--format", "json", env={"PYTHONHASHSEED": "0"})
+    assert "TD470" not in {f["code"] for f in json.loads(seeded.stdout)["findings"]}
+    plain = run_cli("check", "--no-torch", "--format", "json", env=env)
+    assert "TD470" not in {f["code"] for f in json.loads(plain.stdout)["findings"]}  # only when asked
+    refused = run_cli("check", "--determinism", "--facts", "x.json")
+    assert refused.returncode == 2 and "--determinism" in refused.stderr and "Traceback" not in refused.stderr

@@ -158,6 +158,13 @@ def cli() -> None:
 )
 @click.option("--no-torch", is_flag=True, help="Skip facts about the installed torch (fastest).")
 @click.option(
+    "--determinism",
+    is_flag=True,
+    help="Also audit this environment for a run meant to reproduce: PYTHONHASHSEED, CUBLAS_WORKSPACE_CONFIG with "
+    "a CUDA torch (TD470, TD474). Seeds, flags and loaders are audited inside training: "
+    "torchdoctor.determinism_report().",
+)
+@click.option(
     "-v", "--verbose", is_flag=True, help="Show what was checked and found fine one line each, with how it was judged."
 )
 def check(
@@ -174,6 +181,7 @@ def check(
     start_method: str | None,
     sharing_strategy: str | None,
     no_torch: bool,
+    determinism: bool,
     verbose: bool,
 ) -> None:
     """Audit this machine (or a recorded one) before training.
@@ -189,6 +197,7 @@ def check(
       torchdoctor check --num-workers 8 --batch-bytes 96MiB --prefetch-factor 4
       torchdoctor check --path /checkpoints --expect-bytes 20GiB --fail-on warning
       torchdoctor check --facts recorded-node.json --format json
+      torchdoctor check --determinism
     """
     from .checks import audit
     from .facts import Facts, GatherContext, gather
@@ -199,6 +208,8 @@ def check(
             raise UsageError(
                 "--path needs the live host; record the snapshot with `torchdoctor facts --path DIR` instead"
             )
+        if determinism:
+            raise UsageError("--determinism reads this environment's variables: run it on the host, without --facts")
         facts = Facts.load(facts_file)
         source = f"recorded facts {facts_file}"
     else:
@@ -220,6 +231,12 @@ def check(
         ),
     )
     result = audit(facts, options)
+    if determinism:
+        from .checks import Audit
+
+        extra = _determinism_findings(facts)
+        findings = sorted([*result.findings, *extra], key=lambda f: -int(f.severity))  # worst first, stable
+        result = Audit(findings, result.passed, result.machine)
     finish(
         lambda: render_findings(
             result.findings,
@@ -399,3 +416,20 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(int(ExitCode.USAGE))
     sys.exit(int(ExitCode.OK))
+
+
+def _determinism_findings(facts: Any) -> list[Any]:
+    """``check --determinism``: the determinism rules over this environment, as catalogue findings."""
+    from dataclasses import replace
+
+    from .model import Evidence
+    from .ranks.determinism import determinism_rules, planned_facts
+    from .registry import Hit, lookup
+
+    torch_facts = facts.torch if isinstance(facts.torch, dict) else {}
+    cuda = torch_facts.get("cuda_build") if torch_facts.get("installed") else None
+    out = []
+    for found in determinism_rules(planned_facts(os.environ, cuda_built=cuda)):
+        hit = Hit(severity=found.severity, evidence=(Evidence("read", found.evidence, "environment"),))
+        out.append(replace(lookup(found.code).finding(hit), message=found.message, fix=found.fix))
+    return out

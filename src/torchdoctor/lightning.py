@@ -17,11 +17,16 @@ What it does, on every rank (each part can be switched off):
   (:class:`~torchdoctor.ranks.sync.RankDivergenceError`, ``on_mismatch="raise"``) or warned
   (``"warn"``). Raising on every rank at the same step stops the job together instead of leaving the
   others hanging in the next collective.
-* **each epoch** (``memory=True``): every rank's peak memory (CUDA allocator or RSS) sampled each step,
+* **each epoch** (``memory=True``): every rank's peak memory (CUDA allocator or RSS) sampled every
+  ``memory_every`` steps (10; the peak is a high-water mark, so none is missed in between),
   gathered in one collective at the epoch's end; a rank far above the others is printed by rank 0
   (TD277 host, TD366 GPU) with the step range where its peak grew.
-* **each step** (``fingerprints=DIR``): loss, gradient norm, parameter and batch checksums into
-  ``DIR/fingerprints-rank{R}.jsonl`` for ``torchdoctor runs diff``.
+* **each step** (``fingerprints=DIR``): loss, gradient norm and batch checksum into
+  ``DIR/fingerprints-rank{R}.jsonl`` for ``torchdoctor runs diff``; parameter and gradient checksums
+  every ``params_every`` steps (10; and the initial parameters in the header). A parting is still
+  found at its step: a different update shows in the next step's loss and gradient norm.
+  ``fingerprint_every=N`` records every N-th step only (a parting is then found to within N steps):
+  on a tiny model whose step is a few milliseconds, recording every step costs several percent.
 * **on an exception** (``guard=True``): the per-rank JSON error report of :func:`torchdoctor.guard`
   (``report_dir``), with the diagnosis; the exception goes on unchanged.
 * :meth:`DoctorCallback.open`: a :class:`~torchdoctor.RankFile` for other callbacks that append to one
@@ -33,6 +38,7 @@ is installed (``lightning`` first).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -92,6 +98,9 @@ class DoctorCallback(_Base):
         preflight: bool = True,
         determinism: bool = True,
         fingerprints: str | os.PathLike[str] | None = None,
+        fingerprint_every: int = 1,
+        params_every: int = 10,
+        memory_every: int = 10,
         guard: bool = True,
         report_dir: str | os.PathLike[str] = "torchdoctor-reports",
     ) -> None:
@@ -102,6 +111,13 @@ class DoctorCallback(_Base):
             raise UsageError(f"sync_every must be a positive number of steps or None (off); got {sync_every!r}")
         if on_mismatch not in ON_MISMATCH:
             raise UsageError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}; got {on_mismatch!r}")
+        for name, value in (
+            ("fingerprint_every", fingerprint_every),
+            ("params_every", params_every),
+            ("memory_every", memory_every),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name} must be a positive number of steps; got {value!r}")
         if not memory_ratio > 1:
             raise UsageError(f"memory_ratio must be above 1 (a rank's peak against the others'); got {memory_ratio!r}")
         self.sync_every = sync_every
@@ -112,6 +128,9 @@ class DoctorCallback(_Base):
         self.preflight = preflight
         self.determinism = determinism
         self.fingerprints = Path(fingerprints) if fingerprints is not None else None
+        self.fingerprint_every = fingerprint_every
+        self.params_every = params_every
+        self.memory_every = memory_every
         self.guard = guard
         self.report_dir = Path(report_dir)
         # what the last checks found, for the training script and for tests
@@ -145,14 +164,19 @@ class DoctorCallback(_Base):
         if self.memory:
             from .ranks.memory import MemoryTracker
 
-            self._tracker = MemoryTracker(device=_device(pl_module))
+            self._tracker = MemoryTracker(every=self.memory_every, device=_device(pl_module), ratio=self.memory_ratio)
         if self.fingerprints is not None:
             from .ranks.fingerprint import RunRecorder
 
             self._recorder = RunRecorder(
                 self.fingerprints,
                 rank=trainer.global_rank,
-                meta={"world_size": trainer.world_size, "source": "torchdoctor.lightning.DoctorCallback"},
+                model=pl_module,
+                meta={
+                    "world_size": trainer.world_size,
+                    "source": "torchdoctor.lightning.DoctorCallback",
+                    "params_every": self.params_every,
+                },
             )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -160,13 +184,15 @@ class DoctorCallback(_Base):
             self._determinism(trainer)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self._recorder is not None:
+        # global_step counts optimizer steps: the one about to happen is recorded as global_step + 1
+        if self._recorder is not None and (int(trainer.global_step) + 1) % self.fingerprint_every == 0:
             self._grad_norm = _grad_norm(pl_module)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = int(trainer.global_step)
-        if self._recorder is not None:
-            self._recorder.record(step, loss=_loss_of(outputs), model=pl_module, batch=batch, grad_norm=self._grad_norm)
+        if self._recorder is not None and step % self.fingerprint_every == 0:
+            model = pl_module if step % self.params_every == 0 else None
+            self._recorder.record(step, loss=_loss_of(outputs), model=model, batch=batch, grad_norm=self._grad_norm)
             self._grad_norm = None
         if self._tracker is not None:
             self._tracker.sample(step)
@@ -283,9 +309,12 @@ def _loss_of(outputs: Any) -> Any:
 
 
 def _grad_norm(module: Any) -> float | None:
+    """The global L2 norm of the gradients: one fused ``_foreach_norm`` (per device), summed in float64."""
     import torch
 
-    grads = [p.grad.detach() for p in module.parameters() if p.grad is not None]
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
     if not grads:
         return None
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+    norms = torch._foreach_norm(grads)
+    values = torch.stack([n.to(norms[0].device) for n in norms]).double().tolist()
+    return math.fsum(v * v for v in values) ** 0.5

@@ -147,6 +147,18 @@ def determinism_facts(*, loader: Any = None, epoch: int | None = None, seed: int
     }
 
 
+def planned_facts(environ: Mapping[str, str], *, cuda_built: bool | None) -> dict[str, Any]:
+    """What ``torchdoctor check --determinism`` can know before the run: this environment's variables
+    and whether the installed torch has CUDA, for a run that *will* turn deterministic algorithms on
+    (that is what asking for the audit means). The seed, the flags and the loader exist only in the
+    training process: :func:`determinism_report` reads those there."""
+    return {
+        "torch": {"cuda_built": cuda_built},
+        "deterministic_algorithms": {"enabled": True, "warn_only": False},
+        "env": {name: environ.get(name) for name in ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")},
+    }
+
+
 def loader_facts(loader: Any) -> dict[str, Any]:
     """A DataLoader's seeding: workers, ``worker_init_fn``, ``generator``, sampler epoch, dataset generators."""
     init = getattr(loader, "worker_init_fn", None)

@@ -5,7 +5,8 @@ recorded every step (loss, gradient norm, parameter and batch checksums), plus p
 
 Two measurements, side by side in one run:
 
-* **loops**: the same job without and with the callback (``base`` / ``doctor``), interleaved, ``--rounds``
+* **loops**: the same job without and with the callback (``base`` / ``doctor``; ``doctor-10``: with
+  ``fingerprint_every=10``, a record every 10th step), interleaved, ``--rounds``
   times each; the time per step between ``on_train_start`` and ``on_train_end`` on rank 0 (start-up,
   preflight and the determinism audit, once per fit, are outside). Medians, the per-round ratio, and the
   spread of ``base``: on a shared 2-core VM the loops move by several percent between runs, more than the
@@ -93,8 +94,14 @@ def child(args: argparse.Namespace) -> None:
     clock = Clock()
     callbacks: list[Any] = [clock]
     doctor = None
-    if args.variant == "doctor":
-        doctor = TimedDoctor(sync_every=100, fingerprints=Path(args.out) / "fingerprints", report_dir=Path(args.out))
+    if args.variant.startswith("doctor"):
+        every = int(args.variant.partition("-")[2] or 1)
+        doctor = TimedDoctor(
+            sync_every=100,
+            fingerprints=Path(args.out) / "fingerprints",
+            fingerprint_every=every,
+            report_dir=Path(args.out),
+        )
         callbacks.append(doctor)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -136,12 +143,13 @@ def main() -> None:
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
-    times: dict[str, list[float]] = {"base": [], "doctor": []}
-    inside: list[float] = []
+    variants = ("base", "doctor", "doctor-10")
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    inside: dict[str, list[float]] = {v: [] for v in variants}
     syncs = 0
     with tempfile.TemporaryDirectory(prefix="td-ranks-bench-") as d:
         for r in range(args.rounds):
-            for variant in ("base", "doctor") if r % 2 == 0 else ("doctor", "base"):
+            for variant in variants[r % 3 :] + variants[: r % 3]:
                 out = Path(d) / f"{variant}-{r}"
                 out.mkdir()
                 cmd = [sys.executable, __file__, "--child", "--variant", variant, "--out", str(out)]
@@ -152,9 +160,8 @@ def main() -> None:
                     sys.exit(f"{variant} run failed:\n{proc.stderr[-3000:]}")
                 res = json.loads((out / "result.json").read_text())
                 times[variant].append(res["per_step"])
-                if variant == "doctor":
-                    inside.append(res["inside"])
-                    syncs = res["syncs"]
+                inside[variant].append(res["inside"])
+                syncs = max(syncs, res["syncs"])
                 print(f"round {r + 1}/{args.rounds} {variant:6}: {res['per_step'] * 1e3:.3f} ms/step", flush=True)
     base, doc = statistics.median(times["base"]), statistics.median(times["doctor"])
     paired = statistics.median(dt / bt for dt, bt in zip(times["doctor"], times["base"]))

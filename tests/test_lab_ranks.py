@@ -19,6 +19,7 @@ import pytest
 from torchdoctor.explain import explain, shows
 from torchdoctor.lab import get
 
+from .conftest import FIXTURES
 from .support.lab import LabRuns, assert_fixed, assert_recorded, scenario_names
 
 NAMES = ["ranks-memory-extra", "ranks-param-perturbed"]
@@ -78,3 +79,13 @@ def test_fixed_variant_passes(runs: LabRuns, name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_output_is_recorded_as_a_fixture(name: str) -> None:
     assert_recorded(name)
+
+
+def test_lab_explain_counts_a_confirmation_attached_to_the_root_cause() -> None:
+    # `lab run ranks-memory-extra --explain`: explain's root cause is TD270; the scenario's TD277 is attached to it
+    from torchdoctor.cli_lab import explain_record
+
+    text = (FIXTURES / "logs" / "TD277" / "lab-ranks-memory-extra.log").read_text()
+    family, code, note = explain_record(text, "TD277")
+    assert (family, code) == ("host-oom", "TD277") and note and "TD270" in note
+    assert explain_record(text)[1] == "TD270"  # without an expectation: the root cause itself

@@ -150,12 +150,20 @@ def shows_code(code: str, text: str) -> bool:
     return bool(shows(text, code))
 
 
-def explain_record(text: str) -> tuple[str | None, str | None, str | None]:
-    """(family, code, note) of the root cause explain names for ``text``; a note when it cannot."""
+def explain_record(text: str, expected: str | None = None) -> tuple[str | None, str | None, str | None]:
+    """(family, code, note) of the root cause explain names for ``text``; a note when it cannot.
+
+    A scenario whose code is a *confirmation* (a warning printed before the failure it predicts, e.g.
+    TD277's memory imbalance before TD270's out-of-memory) counts as explained when explain attaches
+    that code to the root cause it names: its code is returned, with a note naming the root cause."""
     from .explain import explain
 
     report = explain(text)
     root = report.root_cause
+    if root is not None and expected and root.code != expected:
+        if any(d.code == expected and d.explained_by == root.code for d in report.diagnoses):
+            note = f"--explain: {expected} is the confirmation explain attached to the root cause {root.code}"
+            return root.family, expected, note
     if root is None:
         # A survivor's output (a peer died elsewhere) holds only the cascade: name it, and say so.
         top = report.diagnoses[0] if report.diagnoses else None
@@ -204,7 +212,7 @@ def run_outcome(name: str, fixed: bool, explain: bool, timeout: float | None, wa
     if rec.timed_out:
         out.notes.append(f"the child was killed after {rec.seconds:.0f} s (time bound); that is not the failure")
     if explain:
-        out.explained_family, out.explained_code, note = explain_record(rec.text())
+        out.explained_family, out.explained_code, note = explain_record(rec.text(), s.code)
         if note:
             out.notes.append(note)
     if fixed:

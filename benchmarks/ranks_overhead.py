@@ -42,25 +42,8 @@ def child(args: argparse.Namespace) -> None:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
+    from torchdoctor.lab.scenarios.lightning import cpu_trainer, tiny_module
     from torchdoctor.lightning import DoctorCallback
-
-    class Tiny(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = torch.nn.Sequential(
-                torch.nn.Linear(32, 256),
-                torch.nn.ReLU(),
-                torch.nn.Linear(256, 256),
-                torch.nn.ReLU(),
-                torch.nn.Linear(256, 1),
-            )
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     class Clock(L.Callback):
         started = ended = 0.0
@@ -103,18 +86,8 @@ def child(args: argparse.Namespace) -> None:
             report_dir=Path(args.out),
         )
         callbacks.append(doctor)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=1,
-        enable_progress_bar=False,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-    )
-    trainer.fit(Tiny(), data)
+    trainer = cpu_trainer(callbacks)
+    trainer.fit(tiny_module(inputs=32, hidden=256, layers=2), data)
     if trainer.global_rank == 0:
         steps = int(trainer.global_step)
         result = {

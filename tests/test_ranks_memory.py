@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import datetime
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,8 @@ from torchdoctor.ranks.memory import (
     memory_imbalance,
     peak_memory,
 )
+
+from .support.ranks import run_ranks
 
 MiB = 1 << 20
 
@@ -167,35 +167,10 @@ def test_tracker_samples_every_nth_step_and_keeps_plateaus_short() -> None:
 
 # -- real gloo ranks -----------------------------------------------------------------------------------
 
-JOIN_TIMEOUT = datetime.timedelta(seconds=60)
 #: The ranks here hold 160-280 MiB (torch loaded); ~100 MiB more is 1.4-1.6x depending on what the
 #: test process had mapped before the fork. A ratio of 1.25 keeps the test independent of that;
 #: the default (1.5) is for training processes of gigabytes.
 RATIO = 1.25
-
-
-def _entry(rank: int, world: int, port: int, body: Callable[[int], dict[str, Any]], out: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=JOIN_TIMEOUT
-    )
-    try:
-        result = body(rank)
-    finally:
-        dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
-
-
-def run_ranks(world: int, body: Callable[[int], dict[str, Any]], tmp_path: Path) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    from torchdoctor.facts.dist_env import free_port
-
-    mp.start_processes(_entry, args=(world, free_port(), body, str(tmp_path)), nprocs=world, start_method="fork")
-    return [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(world)]
 
 
 @pytest.fixture(autouse=True)

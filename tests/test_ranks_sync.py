@@ -6,12 +6,10 @@ error it raised) as JSON, and the test reads every rank's: the same report must 
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,42 +28,14 @@ from torchdoctor.ranks.sync import (
     structure_mismatch,
 )
 
+from .support.ranks import run_ranks
+
 torch = pytest.importorskip("torch")
 # imported once here, so forked ranks do not each import DDP's modules (seconds on two cores)
 pytest.importorskip("torch.nn.parallel")
 
-JOIN_TIMEOUT = datetime.timedelta(seconds=60)
-
 
 # -- running ranks ------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    from torchdoctor.facts.dist_env import free_port
-
-    return free_port()
-
-
-def _entry(rank: int, world: int, port: int, body: Callable[[int], dict[str, Any]], out: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=JOIN_TIMEOUT
-    )
-    try:
-        result = body(rank)
-    finally:
-        dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
-
-
-def run_ranks(world: int, body: Callable[[int], dict[str, Any]], tmp_path: Path) -> list[dict[str, Any]]:
-    """``body(rank)`` on ``world`` real gloo ranks; every rank's JSON result, by rank."""
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_entry, args=(world, _free_port(), body, str(tmp_path)), nprocs=world, start_method="fork")
-    return [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(world)]
 
 
 @pytest.fixture(autouse=True)

@@ -386,3 +386,15 @@ def test_runs_of_other_lengths_and_ranks_are_compared_where_both_recorded() -> N
     assert any("1 step(s) only in A" in n for n in diff.notes)
     nothing = diff_runs(made({0: losses(1.0)}), made({1: losses(1.0)}))
     assert not nothing.parted and any("no rank in common" in n for n in nothing.notes)
+
+
+def test_batch_fingerprint_fast_path_gives_the_generic_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from torchdoctor.ranks import fingerprint as fp
+
+    batch = (torch.randn(8, 3), {"y": torch.randn(8, 1), "ids": torch.arange(8)})
+    fast = fp.fingerprint_batch(batch)
+    monkeypatch.setattr(fp, "_plain_cpu", lambda t: False)  # force the generic path
+    assert fp.fingerprint_batch(batch) == fast
+    assert fast.startswith("[0]=") and ";[1].y=" in fast and ";[1].ids=" in fast

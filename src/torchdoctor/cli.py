@@ -426,8 +426,7 @@ def _determinism_findings(facts: Any) -> list[Any]:
     from .ranks.determinism import determinism_rules, planned_facts
     from .registry import Hit, lookup
 
-    torch_facts = facts.torch if isinstance(facts.torch, dict) else {}
-    cuda = torch_facts.get("cuda_build") if torch_facts.get("installed") else None
+    cuda = facts.torch.cuda_build if facts.torch.installed else None
     out = []
     for found in determinism_rules(planned_facts(os.environ, cuda_built=cuda)):
         hit = Hit(severity=found.severity, evidence=(Evidence("read", found.evidence, "environment"),))

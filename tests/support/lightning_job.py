@@ -20,18 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-
-class Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+from torchdoctor.lab.scenarios.lightning import cpu_trainer, tiny_module
 
 
 class Perturb(L.Callback):
@@ -127,21 +116,11 @@ def main() -> None:
         callbacks.append(Leak(rank, mib))
     if args.records:
         callbacks.append(Records(out / "records.jsonl", args.records, doctor if args.safe_log else None))
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=args.epochs,
-        enable_progress_bar=False,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-    )
+    trainer = cpu_trainer(callbacks, devices=args.devices, max_epochs=args.epochs)
     started = time.perf_counter()
     error = None
     try:
-        trainer.fit(Tiny(), DataLoader(ds, batch_size=args.batch))
+        trainer.fit(tiny_module(), DataLoader(ds, batch_size=args.batch))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         raise

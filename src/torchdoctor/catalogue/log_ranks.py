@@ -1,4 +1,4 @@
-"""TD469, TD277, TD366, TD477: what the ranks of one job (or two runs) report about each other.
+"""TD469, TD277, TD477: what the ranks of one job (or two runs) report about each other.
 
 ``torchdoctor.ranks.sync.check_in_sync`` compares per-tensor checksums of every rank's model (TD469);
 ``torchdoctor.ranks.memory.MemoryTracker`` gathers every rank's peak memory and names the rank that
@@ -6,9 +6,9 @@ holds far more than the others (TD277 host memory, TD366 GPU memory); ``torchdoc
 names the step where two recorded runs part (TD477). Each prints the line a signature here
 recognises, so ``explain`` reads them back from a job's log.
 
-None of the three has a preflight check: only the running ranks can compare themselves. TD469's and
-TD277's signatures were recorded by the lab (``torchdoctor/lab/scenarios/ranks.py``); TD366 has
-none yet: its line is TD277's with "GPU memory", and no GPU run has recorded it.
+None has a preflight check: only the running ranks can compare themselves. The signatures were recorded
+by the lab (``torchdoctor/lab/scenarios/ranks.py`` and ``runs.py``). TD366, TD277's GPU twin, is in
+``ranks_gpu``: no GPU run has recorded its line, so it has no signature yet.
 """
 
 from __future__ import annotations
@@ -107,26 +107,6 @@ TD277 = register(
     )
 )
 
-TD366 = register(
-    Code(
-        code="TD366",
-        name="rank-gpu-memory-imbalance",
-        family="cuda-oom",
-        severity=Severity.WARNING,
-        area="gpu",
-        title="one rank uses far more GPU memory than the others",
-        message="rank {rank}'s peak GPU memory {peak} is {ratio}x the median of the other ranks ({others}); it grew "
-        "between steps {first_step} and {last_step}.",
-        fix=_IMBALANCE_FIX,
-        meaning=_IMBALANCE_MEANING.format(what="GPU memory (`torch.cuda.max_memory_allocated` of its device)"),
-        why=_IMBALANCE_WHY + " On GPUs also: rank 0 gathering every rank's outputs or a full state dict to its own "
-        "device, and evaluation batches larger than the training batches.",
-        false_positives="Pipeline or tensor-parallel stages of different sizes; a rank that also runs a model kept "
-        "only there (an EMA copy, a teacher). `max_memory_allocated` counts tensors, not the caching allocator's "
-        "reserve or other processes on the device.",
-        related=("TD277", "TD350"),
-    )
-)
 
 TD477 = register(
     Code(
@@ -159,7 +139,7 @@ TD477 = register(
                 role=Role.ROOT_CAUSE,
                 triggers=("the runs part at step",),
                 pattern=r"the runs part at step (?P<step>\d+) on rank (?P<rank>\d+): the "
-                r"(?P<cause>data or computation|data|start|computation)\b",
+                r"(?P<cause>data or computation|[^\s(]+)",
                 confidence=0.9,
             ),
         ),

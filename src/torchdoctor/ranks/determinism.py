@@ -239,7 +239,7 @@ _Rule = tuple[str, dict[str, Any], str, "Severity | None"]
 """What a rule found: code, template values, evidence, severity (None: the code's own)."""
 
 
-def determinism_rules(facts: Mapping[str, Any]) -> tuple[DeterminismFinding, ...]:
+def determinism_rules(state: Mapping[str, Any]) -> tuple[DeterminismFinding, ...]:
     """The findings a facts dict (from :func:`determinism_facts`, or recorded) calls for; worst first.
 
     Pure: no torch, no I/O. Missing keys count as unknown and say nothing."""
@@ -248,8 +248,8 @@ def determinism_rules(facts: Mapping[str, Any]) -> tuple[DeterminismFinding, ...
     codes: dict[str, Code] = {
         c.code: c for c in (cat.TD470, cat.TD471, cat.TD472, cat.TD473, cat.TD474, cat.TD475, cat.TD476)
     }
-    hits = [*_seed_rules(facts), *_worker_rng_rules(facts.get("loader")), *_torch_rules(facts), *_sampler_rules(facts)]
-    hits += _op_rules(facts.get("nondeterministic_ops"))
+    hits = [*_seed_rules(state), *_worker_rng_rules(state.get("loader")), *_torch_rules(state), *_sampler_rules(state)]
+    hits += _op_rules(state.get("nondeterministic_ops"))
     out = []
     for code, values, evidence, severity in hits:
         f = codes[code].finding(Hit(values=values, severity=severity))
@@ -257,18 +257,18 @@ def determinism_rules(facts: Mapping[str, Any]) -> tuple[DeterminismFinding, ...
     return tuple(sorted(out, key=lambda f: (-int(f.severity), f.code)))
 
 
-def seed_is_set(seed_facts: Mapping[str, Any]) -> bool | None:
+def seed_is_set(seed: Mapping[str, Any]) -> bool | None:
     """Whether torch was seeded: by the seed the caller declared, else by :data:`SEEDED_BELOW`."""
-    initial = seed_facts.get("initial_seed")
+    initial = seed.get("initial_seed")
     if initial is None:
         return None
-    given = seed_facts.get("given")
+    given = seed.get("given")
     return int(initial) == int(given) if given is not None else int(initial) < SEEDED_BELOW
 
 
-def _seed_rules(facts: Mapping[str, Any]) -> list[_Rule]:
+def _seed_rules(state: Mapping[str, Any]) -> list[_Rule]:
     out: list[_Rule] = []
-    seed = facts.get("seed") or {}
+    seed = state.get("seed") or {}
     if seed_is_set(seed) is False:
         given = seed.get("given")
         value = f"torch.initial_seed() = {seed['initial_seed']}"
@@ -276,7 +276,7 @@ def _seed_rules(facts: Mapping[str, Any]) -> list[_Rule]:
         effect = "parameter initialisation, shuffling and the DataLoader workers' seeds change with every run"
         why = "" if given is not None else " (a seed below 2**32 counts as set)"
         out.append(("TD470", {"what": "torch's random generator", "value": value, "effect": effect}, value + why, None))
-    env = facts.get("env") or {}
+    env = state.get("env") or {}
     if "PYTHONHASHSEED" in env and env["PYTHONHASHSEED"] in (None, "", "random"):
         shown = "PYTHONHASHSEED " + ("unset" if env["PYTHONHASHSEED"] is None else repr(env["PYTHONHASHSEED"]))
         effect = "the iteration order of sets (and of dicts built from them) of strings differs between runs, ranks "
@@ -306,11 +306,11 @@ def _worker_rng_rules(loader: Mapping[str, Any] | None) -> list[_Rule]:
     return out
 
 
-def _torch_rules(facts: Mapping[str, Any]) -> list[_Rule]:
+def _torch_rules(state: Mapping[str, Any]) -> list[_Rule]:
     """Deterministic algorithms (TD472), cuDNN benchmark (TD473), cuBLAS workspace (TD474)."""
     out: list[_Rule] = []
-    cuda = bool((facts.get("torch") or {}).get("cuda_built"))
-    algos = facts.get("deterministic_algorithms") or {}
+    cuda = bool((state.get("torch") or {}).get("cuda_built"))
+    algos = state.get("deterministic_algorithms") or {}
     if algos.get("enabled") is False:
         effect = (
             "operations with a non-deterministic kernel (atomic adds on CUDA, cuDNN's choice of algorithm) may "
@@ -322,11 +322,11 @@ def _torch_rules(facts: Mapping[str, Any]) -> list[_Rule]:
         values = {"cuda": " and this torch uses CUDA" if cuda else "", "effect": effect}
         evidence = "torch.are_deterministic_algorithms_enabled() = False"
         out.append(("TD472", values, evidence, Severity.WARNING if cuda else Severity.INFO))
-    cudnn = facts.get("cudnn") or {}
+    cudnn = state.get("cudnn") or {}
     if cuda and cudnn.get("benchmark"):
         evidence = f"torch.backends.cudnn.benchmark = True, .deterministic = {cudnn.get('deterministic')}"
         out.append(("TD473", {"deterministic": cudnn.get("deterministic")}, evidence, None))
-    cublas = (facts.get("env") or {}).get("CUBLAS_WORKSPACE_CONFIG")
+    cublas = (state.get("env") or {}).get("CUBLAS_WORKSPACE_CONFIG")
     if cuda and algos.get("enabled") and cublas not in CUBLAS_DETERMINISTIC:
         shown = "unset" if cublas is None else repr(cublas)
         evidence = f"CUBLAS_WORKSPACE_CONFIG {shown} (environment); deterministic algorithms on"
@@ -334,9 +334,9 @@ def _torch_rules(facts: Mapping[str, Any]) -> list[_Rule]:
     return out
 
 
-def _sampler_rules(facts: Mapping[str, Any]) -> list[_Rule]:
-    sampler = (facts.get("loader") or {}).get("sampler")
-    epoch = facts.get("epoch")
+def _sampler_rules(state: Mapping[str, Any]) -> list[_Rule]:
+    sampler = (state.get("loader") or {}).get("sampler")
+    epoch = state.get("epoch")
     if not sampler or epoch is None or sampler.get("shuffle") is False or sampler.get("epoch") == epoch:
         return []
     values = {"sampler": sampler.get("type"), "sampler_epoch": sampler.get("epoch"), "epoch": epoch}
@@ -354,11 +354,11 @@ def _op_rules(ops: Iterable[Mapping[str, Any]] | None) -> list[_Rule]:
     return [("TD476", {"count": len(ops), "ops": shown}, evidence + (f": {where}" if where else ""), None)]
 
 
-def _summary(facts: Mapping[str, Any]) -> str:
-    seed = facts.get("seed") or {}
-    algos = facts.get("deterministic_algorithms") or {}
-    cudnn = facts.get("cudnn") or {}
-    env = facts.get("env") or {}
+def _summary(state: Mapping[str, Any]) -> str:
+    seed = state.get("seed") or {}
+    algos = state.get("deterministic_algorithms") or {}
+    cudnn = state.get("cudnn") or {}
+    env = state.get("env") or {}
     parts = [
         f"seed {seed.get('initial_seed')} ({'set' if seed_is_set(seed) else 'not set'})",
         "deterministic algorithms "
@@ -367,7 +367,7 @@ def _summary(facts: Mapping[str, Any]) -> str:
         f"CUBLAS_WORKSPACE_CONFIG {env.get('CUBLAS_WORKSPACE_CONFIG') or 'unset'}",
         f"PYTHONHASHSEED {env.get('PYTHONHASHSEED') or 'unset'}",
     ]
-    if not (facts.get("torch") or {}).get("cuda_built"):
+    if not (state.get("torch") or {}).get("cuda_built"):
         parts.append("torch without CUDA")
     return "; ".join(parts)
 

@@ -113,7 +113,8 @@ class MemoryReport:
         summary = f"peak {what} memory per rank: {peaks}"
         if self.finding is None:
             return f"memory: {summary}; no rank far above the others"
-        from ..catalogue.log_ranks import TD277, TD366
+        from ..catalogue.log_ranks import TD277
+        from ..catalogue.ranks_gpu import TD366
 
         f = self.finding
         code = TD366 if f.code == CUDA_CODE else TD277

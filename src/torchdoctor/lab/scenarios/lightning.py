@@ -29,14 +29,20 @@ PER_STEP = 300
 WHERE_VAR = "TORCHDOCTOR_LAB_LIGHTNING_DIR"
 
 
-def _tiny() -> Any:
+def tiny_module(inputs: int = 16, hidden: int = 64, layers: int = 1) -> Any:
+    """A tiny regression LightningModule (``layers`` hidden layers of ``hidden``), SGD: the lab's, the tests'
+    and the benchmark's training job."""
     import lightning as L
     import torch
 
     class Tiny(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+            sizes = [inputs] + [hidden] * layers
+            blocks: list[torch.nn.Module] = []
+            for a, b in zip(sizes, sizes[1:]):
+                blocks += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+            self.net = torch.nn.Sequential(*blocks, torch.nn.Linear(sizes[-1], 1))
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
@@ -46,6 +52,24 @@ def _tiny() -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     return Tiny()
+
+
+def cpu_trainer(callbacks: list[Any], *, devices: int = 2, max_epochs: int = 1) -> Any:
+    """A Lightning Trainer on CPU, ``ddp`` (gloo) over ``devices`` processes, without logger, progress bar,
+    checkpoints or model summary: nothing but the training and the callbacks."""
+    import lightning as L
+
+    return L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_epochs=max_epochs,
+        enable_progress_bar=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
 
 
 def _records_callback(path: str, doctor: Any) -> Any:
@@ -88,7 +112,6 @@ def _records_callback(path: str, doctor: Any) -> Any:
     memory_mb=3072,
 )
 def lightning_callback_shared_log(fixed: bool) -> None:
-    import lightning as L
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -109,18 +132,8 @@ def lightning_callback_shared_log(fixed: bool) -> None:
         else None
     )
     callbacks: list[Any] = [_records_callback(path, doctor)] + ([doctor] if doctor is not None else [])
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=1,
-        enable_progress_bar=False,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-    )
-    trainer.fit(_tiny(), data)
+    trainer = cpu_trainer(callbacks)
+    trainer.fit(tiny_module(), data)
     if trainer.global_rank != 0:
         return
     try:

@@ -70,6 +70,30 @@ def child(args: argparse.Namespace) -> None:
 
         setattr(TimedDoctor, name, timed)
 
+    # where the time goes: the parts the hooks call, each with its own stopwatch (seconds summed over the run)
+    import torchdoctor.lightning as tl
+    from torchdoctor.ranks.fingerprint import RunRecorder
+    from torchdoctor.ranks.memory import MemoryTracker
+
+    parts: dict[str, float] = {}
+
+    def stopwatch(owner: Any, attr: str, label: str) -> None:
+        fn = getattr(owner, attr)
+
+        def wrapped(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                parts[label] = parts.get(label, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, attr, wrapped)
+
+    stopwatch(RunRecorder, "record", "fingerprint record")
+    stopwatch(tl, "_grad_norm", "gradient norm")
+    stopwatch(MemoryTracker, "sample", "memory sample")
+    stopwatch(DoctorCallback, "_sync", "check_in_sync (waits for the slower rank too)")
+
     torch.manual_seed(0)
     torch.set_num_threads(1)
     n = args.steps * 32 * 2
@@ -95,6 +119,7 @@ def child(args: argparse.Namespace) -> None:
             "inside": (doctor.inside / steps) if doctor is not None else 0.0,
             "steps": steps,
             "syncs": len(doctor.sync_reports) if doctor is not None else 0,
+            "parts": {k: v / steps for k, v in parts.items()},
         }
         (Path(args.out) / "result.json").write_text(json.dumps(result))
 
@@ -119,6 +144,7 @@ def main() -> None:
     variants = ("base", "doctor", "doctor-10")
     times: dict[str, list[float]] = {v: [] for v in variants}
     inside: dict[str, list[float]] = {v: [] for v in variants}
+    parts: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     syncs = 0
     with tempfile.TemporaryDirectory(prefix="td-ranks-bench-") as d:
         for r in range(args.rounds):
@@ -134,26 +160,28 @@ def main() -> None:
                 res = json.loads((out / "result.json").read_text())
                 times[variant].append(res["per_step"])
                 inside[variant].append(res["inside"])
+                for label, value in res["parts"].items():
+                    parts[variant].setdefault(label, []).append(value)
                 syncs = max(syncs, res["syncs"])
                 print(f"round {r + 1}/{args.rounds} {variant:6}: {res['per_step'] * 1e3:.3f} ms/step", flush=True)
-    base, doc = statistics.median(times["base"]), statistics.median(times["doctor"])
-    paired = statistics.median(dt / bt for dt, bt in zip(times["doctor"], times["base"]))
+    base = statistics.median(times["base"])
     spread = (max(times["base"]) - min(times["base"])) / base
-    own = statistics.median(inside)
     print(
         f"torch {torch.__version__}, lightning {lightning.__version__}, ddp/gloo 2 CPU processes, "
-        f"{args.steps} steps x {args.rounds} rounds; DoctorCallback(sync_every=100) with fingerprints every step "
-        f"({syncs} sync checks per run)"
+        f"{args.steps} steps x {args.rounds} rounds; DoctorCallback(sync_every=100) ({syncs} sync checks per run)"
     )
-    print(f"base spread (max-min)/median: {spread:.1%}")
-    print(
-        f"loops:  base {base * 1e3:.3f} ms/step, doctor {doc * 1e3:.3f} ms/step: {doc / base - 1:+.2%} (paired {paired - 1:+.2%})"
-    )
-    verdict = "within" if own <= 0.01 * base else "ABOVE"
-    print(
-        f"inside: the callback's per-step hooks take {own * 1e6:.1f} us = {own / base:.2%} of a base step "
-        f"({verdict} the 1% target)"
-    )
+    print(f"base: {base * 1e3:.3f} ms/step, spread (max-min)/median {spread:.1%}")
+    for variant, what in (("doctor", "fingerprints every step"), ("doctor-10", "fingerprint_every=10")):
+        doc = statistics.median(times[variant])
+        paired = statistics.median(dt / bt for dt, bt in zip(times[variant], times["base"]))
+        own = statistics.median(inside[variant])
+        verdict = "within" if own <= 0.01 * base else "ABOVE"
+        print(
+            f"{variant:9} ({what}): loop {doc * 1e3:.3f} ms/step, {doc / base - 1:+.2%} (paired {paired - 1:+.2%}); "
+            f"inside its per-step hooks {own * 1e6:.1f} us = {own / base:.2%} of a base step ({verdict} the 1% target)"
+        )
+        for label, values in parts[variant].items():
+            print(f"    {label}: {statistics.median(values) * 1e6:.1f} us a step")
 
 
 if __name__ == "__main__":

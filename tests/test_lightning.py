@@ -116,3 +116,17 @@ def test_unlocked_callback_mangles_its_file_and_doctor_open_does_not() -> None:
     assert bad.failed and shows(bad.text(), "TD657"), bad.tail()
     good = run(s, fixed=True)
     assert good.exit_code == 0, good.tail()
+
+
+def test_grad_norm_is_the_global_l2_norm_and_none_without_gradients() -> None:
+    import math
+
+    import torch
+
+    from torchdoctor.lightning import _grad_norm
+
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    assert _grad_norm(m) is None
+    m(torch.randn(4, 8)).sum().backward()
+    reference = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in m.parameters()))
+    assert _grad_norm(m) == pytest.approx(reference, rel=1e-6)

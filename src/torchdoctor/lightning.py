@@ -309,12 +309,16 @@ def _loss_of(outputs: Any) -> Any:
 
 
 def _grad_norm(module: Any) -> float | None:
-    """The global L2 norm of the gradients: one fused ``_foreach_norm`` (per device), summed in float64."""
+    """The global L2 norm of the gradients, accumulated in float64: one fused ``_foreach_norm``, then the
+    norm of those norms (per device when the gradients live on several)."""
     import torch
 
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     if not grads:
         return None
     norms = torch._foreach_norm(grads)
-    values = torch.stack([n.to(norms[0].device) for n in norms]).double().tolist()
+    devices = {n.device for n in norms}
+    if len(devices) == 1:
+        return float(torch.linalg.vector_norm(torch.stack(norms), dtype=torch.float64).item())
+    values = torch.stack([n.to("cpu") for n in norms]).double().tolist()
     return math.fsum(v * v for v in values) ** 0.5

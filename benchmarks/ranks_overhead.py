@@ -155,7 +155,10 @@ def main() -> None:
                 proc = subprocess.run(
                     [*cmd, "--steps", str(args.steps)], env=env, cwd=out, capture_output=True, text=True, timeout=900
                 )
-                if proc.returncode != 0:
+                # torch 2.13's gloo aborts a finished job at exit now and then ("terminate called without an
+                # active exception", also without torchdoctor): the run is measured when it wrote its result
+                aborted_at_exit = "terminate called without an active exception" in proc.stderr
+                if proc.returncode != 0 and not (aborted_at_exit and (out / "result.json").exists()):
                     sys.exit(f"{variant} run failed:\n{proc.stderr[-3000:]}")
                 res = json.loads((out / "result.json").read_text())
                 times[variant].append(res["per_step"])

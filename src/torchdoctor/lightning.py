@@ -30,7 +30,8 @@ What it does, on every rank (each part can be switched off):
 * **on an exception** (``guard=True``): the per-rank JSON error report of :func:`torchdoctor.guard`
   (``report_dir``), with the diagnosis; the exception goes on unchanged.
 * :meth:`DoctorCallback.open`: a :class:`~torchdoctor.RankFile` for other callbacks that append to one
-  file from every rank (whole lines, never glued), closed at teardown.
+  file from every rank (whole lines, never glued), closed at teardown. At the end of training every
+  rank's lines are written, and the ranks meet at a barrier, before any rank returns from ``fit``.
 
 Works with ``lightning`` (``lightning.pytorch``) or the older ``pytorch_lightning`` package, whichever
 is installed (``lightning`` first).
@@ -206,6 +207,15 @@ class DoctorCallback(_Base):
         self.memory_reports.append((int(trainer.current_epoch), report))
         if report.finding is not None and trainer.global_rank == 0:
             _echo(f"torchdoctor (epoch {trainer.current_epoch}): {report.render()}")
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        # what every rank wrote through open() is in the files before any rank goes past fit() (a rank
+        # reading them right after would otherwise miss the others' last batch of lines); every rank
+        # comes here, whether or not it opened a file, so the barrier is always matched
+        for f in self._files:
+            f.flush()
+        if int(getattr(trainer, "world_size", 1)) > 1:
+            trainer.strategy.barrier("torchdoctor-files")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self.guard:

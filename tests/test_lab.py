@@ -137,11 +137,18 @@ def test_record_writes_header_and_never_overwrites_without_force(tmp_path: Path)
 
 
 def test_record_as_files_under_another_code_with_expect_top(tmp_path: Path) -> None:
-    proc = run_cli("lab", "record", str(tmp_path), "worker-exit", "--as", "td564", timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Which of torch's two texts a dead worker gets depends on timing: the SIGCHLD handler's "DataLoader
+    # worker (pid(s) N) exited unexpectedly" (TD564) or, when the queue timeout sees it first, only "...
+    # exited unexpectedly with exit code 1" (TD563). In full CI runs the second came alone about once in 3
+    # runs; up to 3 recordings (--force) are made until one holds TD564's line.
     path = tmp_path / "TD564" / "lab-worker-exit.log"
-    assert "# expect-top: TD563" in _header(path)
-    assert signature_values("TD564", path.read_text())
+    for _ in range(3):
+        proc = run_cli("lab", "record", str(tmp_path), "worker-exit", "--as", "td564", "--force", timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "# expect-top: TD563" in _header(path)
+        if signature_values("TD564", path.read_text()):
+            return
+    raise AssertionError(f"3 recordings of worker-exit, none with TD564's line:\n{path.read_text()}")
 
 
 def test_record_rejects_an_unknown_code() -> None:

@@ -20,6 +20,8 @@ import tempfile
 
 import pytest
 
+from torchdoctor.lab import get
+from torchdoctor.lab.runner import run
 from torchdoctor.lab.scenarios import writes
 
 from .support import fixture_text
@@ -156,8 +158,15 @@ def test_saving_from_one_rank_resumes_every_round(runs: LabRuns) -> None:
 
 
 def test_concurrent_rmtree_loses_entries_inside_the_tree(runs: LabRuns) -> None:
+    # a real race: now and then (once in 5 full CI runs) every rank's walk misses the others' deletions;
+    # up to 3 more runs of the scenario until it shows
     text = runs.get("writes-ranks-rmtree-checkpoint").text()
     values = signature_values("TD661", text)
+    for _ in range(3):
+        if values:
+            break
+        text = run(get("writes-ranks-rmtree-checkpoint"), fixed=False).text()
+        values = signature_values("TD661", text)
     assert values, text[-2000:]
     # rmtree reports the entry relative to its directory: one of the files the scenario created
     assert re.fullmatch(r"rng_state_(\d+)\.pth", values[0]["path"])

@@ -74,8 +74,10 @@ TD562 = register(
         "sender is the kernel's OOM killer (or a container/job memory limit) choosing a worker whose memory grew.",
         fix="Confirm on that host: `dmesg -T | grep -i 'killed process'` (or `kubectl describe pod`: OOMKilled). Then "
         "reduce memory per worker: keep the dataset in numpy arrays / one tensor instead of Python lists and dicts "
-        "of objects (copy-on-write turns every touched object's page into a private copy in each worker), fewer "
-        "workers, a lower `prefetch_factor`; or raise the memory limit.",
+        "of objects (copy-on-write turns every touched object's page into a private copy in each worker), call "
+        "`gc.freeze()` just before the DataLoader starts its workers (a full garbage collection in a worker "
+        "otherwise writes to every page holding a Python object), fewer workers, a lower `prefetch_factor`; or "
+        "raise the memory limit.",
         meaning="The main process's SIGCHLD handler reports the worker's death by signal 9. Forked workers share the "
         "parent's pages until they write to them; reading Python objects writes their reference counts, so a "
         "worker iterating a large list of objects slowly copies all of it.",

@@ -12,6 +12,7 @@ held while the loader forks) and the fix the catalogue recommends for it.
 from __future__ import annotations
 
 import ctypes
+import gc
 import mmap
 import os
 import signal
@@ -498,7 +499,9 @@ def _oom_stand_in(stop: threading.Event) -> None:
     summary=f"forked workers read a feature store held as a Python list of {COW_FLOATS:,} floats; touching "
     "each object's refcount copies its page, so each worker's private memory grows; a memory "
     f"watchdog standing in for the OOM killer SIGKILLs a worker past {WORKER_BOUND_MB} MiB",
-    fix="hold the data in one tensor / numpy array (no per-object refcounts to write), not Python objects",
+    fix="hold the data in one tensor / numpy array (no per-object refcounts to write), not Python objects, and "
+    "gc.freeze() before the workers start (a full garbage collection in a worker copies every page holding a "
+    "Python object: measured 10 -> 47 MiB private per worker with torch imported)",
     seconds=3.0,
     memory_mb=1536,
 )
@@ -506,6 +509,9 @@ def worker_sigkill(fixed: bool) -> None:
     import torch
 
     store: Any = torch.arange(COW_FLOATS, dtype=torch.float64) if fixed else [float(i) for i in range(COW_FLOATS)]
+    if fixed:
+        # objects alive now move to a permanent generation that no collection in a worker walks
+        gc.freeze()
     stop = threading.Event()
     threading.Thread(target=_oom_stand_in, args=(stop,), daemon=True).start()
     try:

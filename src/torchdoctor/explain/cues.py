@@ -6,12 +6,14 @@ num_workers > 0", "each process starts 64 threads"). Silence helps nobody there;
 answer would be harmful. This module gives a ranked *family* guess from the report's words, with
 its reason (the words) and a confidence that stays at or below :data:`MAX_CONFIDENCE`.
 
-The model is counted, not written by hand: ``cues.json`` beside this module holds, per family,
-the words and word pairs that are much more frequent in that family's real reports and fixtures
-than in the others' (smoothed log-odds, presence per document), and per code the words that tell
-a family's codes apart. ``scripts/train_cues.py`` rebuilds it from the project's labelled texts
-(the catalogue's fixtures, ``tests/eval/reports`` and the tuning half of ``tests/eval/world``;
-never the frozen half), and a test fails when the file is stale.
+The model is learned, not written by hand: ``cues.json`` beside this module holds, per family, a
+bias and the weights of the words and word pairs of a multinomial logistic regression over word
+presence (the words that speak for or against the family), and per code the words that tell a
+family's codes apart (smoothed log-odds). ``scripts/train_cues.py`` rebuilds it from the project's
+labelled texts (the catalogue's fixtures, ``tests/eval/reports`` and the tuning half of
+``tests/eval/world``; never the frozen half) with scikit-learn, records the SHA-256 of those texts,
+and a test fails when the texts changed since (the file is stale). Reading the model needs nothing
+but the standard library.
 """
 
 from __future__ import annotations
@@ -29,26 +31,24 @@ from typing import Any
 MODEL = Path(__file__).with_name("cues.json")
 MAX_CONFIDENCE = 0.7
 """A guess from words never claims more: sure answers (>= 0.8) come from signatures only."""
-MIN_CONFIDENCE = 0.15
-MIN_CUES = 3
-"""Distinct cue words a guess needs; one or two words are a coincidence."""
-MIN_SCORE = 10.0
-"""Summed log-odds a family's cues must reach before it is named at all. With :data:`MIN_CUES`,
-chosen on the tuning half (leave-one-out): it gave the most right guesses net of wrong ones
-(98 right, 24 wrong of 177; 2.5 and 2 cues gave 116 and 53)."""
-MARGIN_SCALE = 4.0
-"""How fast confidence grows with the lead over the runner-up family (log-odds units)."""
+MIN_CONFIDENCE = 0.05
+MIN_SUPPORT = 1.0
+"""The summed positive weight of the words that back the named family must reach this, or there is no
+guess: one weak word is not support. Below it, explain says nothing it cannot stand behind."""
+MAX_CUES = 6
 
-# training: a word must occur in at least MIN_DF documents of the family, and be at least
-# MIN_RATIO times as frequent there (as a share of documents) as in the other families
+# training of the per-code cues (which code of a family): a word must occur in at least MIN_DF documents
+# of the code, and be at least MIN_RATIO times as frequent there (as a share of documents) as in the
+# family's other codes
 MIN_DF = 3
 MIN_RATIO = 2.5
-TOP_PER_FAMILY = 120
 TOP_PER_CODE = 25
 SMOOTH = 1.0
 
 _WORD = re.compile(r"[a-z][a-z_]{2,}")
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
+_LINKS = re.compile(r"!?\[[^\]\n]{0,300}\]\([^)\s]{0,500}\)|<img[^>\n]{0,500}>|https?://\S+")
+"""Markdown images and links, HTML images, bare URLs: screenshot links and host names, not words."""
 STOP = frozenset(
     "the and for with that this from are was were have has had not but you your can when what which will would "
     "there their they then than into also just only some any all one two out use used using get got set its it's "
@@ -63,7 +63,8 @@ STOP = frozenset(
 
 def tokens(text: str) -> set[str]:
     """Lower-cased words (no digits; camel case split, ``DataLoader`` also as ``dataloader``) and
-    pairs of adjacent words, as a set: a cue counts once per document."""
+    pairs of adjacent words, as a set: a cue counts once per document. Links and images are dropped."""
+    text = _LINKS.sub(" ", text)
     spaced = _CAMEL.sub(" ", text)
     words = [w for w in _WORD.findall(spaced.lower()) if w not in STOP]
     out = set(words)
@@ -90,29 +91,62 @@ def model() -> dict[str, Any]:
         return {"families": {}, "codes": {}}
 
 
-def guess(text: str, allowed_codes: Iterable[str] | None = None, m: dict[str, Any] | None = None) -> Guess | None:
-    """The family the words of ``text`` point at, or None when no family's cues are strong enough."""
+def family_scores(toks: set[str], m: dict[str, Any]) -> dict[str, tuple[float, list[tuple[float, str]]]]:
+    """Per family: its linear score (bias + the weights of the words present) and the words with a
+    positive weight for it, strongest first."""
+    out: dict[str, tuple[float, list[tuple[float, str]]]] = {}
+    for family, entry in m["families"].items():
+        weights: dict[str, float] = entry.get("weights", {})
+        present = (
+            [(w, t) for t, w in weights.items() if t in toks]
+            if len(weights) < len(toks)
+            else [(weights[t], t) for t in toks if t in weights]
+        )
+        score = float(entry.get("bias", 0.0)) + sum(w for w, _ in present)
+        out[family] = (score, sorted(((w, t) for w, t in present if w > 0), reverse=True))
+    return out
+
+
+def probabilities(scores: dict[str, float]) -> dict[str, float]:
+    """Softmax of the families' scores: the model's probability of each family."""
+    if not scores:
+        return {}
+    top = max(scores.values())
+    exp = {f: math.exp(s - top) for f, s in scores.items()}
+    total = sum(exp.values())
+    return {f: e / total for f, e in exp.items()}
+
+
+def guess(
+    text: str,
+    allowed_codes: Iterable[str] | None = None,
+    m: dict[str, Any] | None = None,
+    family: str | None = None,
+) -> Guess | None:
+    """The family the words of ``text`` point at (or, with ``family``, the guess for that family),
+    or None when no family has support in them.
+
+    The family model is a multinomial logistic regression over the words (``scripts/train_cues.py``);
+    its probability, capped at :data:`MAX_CONFIDENCE`, is the guess's confidence (cross-validated on
+    the tuning half, the probability is about as often right as it says)."""
     m = model() if m is None else m
+    if not m.get("families"):
+        return None
     toks = tokens(text[:1_000_000])
+    scored = family_scores(toks, m)
+    probs = probabilities({f: s for f, (s, _) in scored.items()})
     allowed = set(allowed_codes) if allowed_codes is not None else None
-    scored = []
-    for family, cues in m["families"].items():
-        hit = sorted(((w, t) for t, w in cues.items() if t in toks), reverse=True)
-        score = sum(w for w, _ in hit)
-        scored.append((score, family, hit))
-    scored.sort(key=lambda s: -s[0])
-    if not scored:
-        return None
-    score, family, hit = scored[0]
-    runner_up = scored[1][0] if len(scored) > 1 else 0.0
-    if score < MIN_SCORE or len(hit) < MIN_CUES:
-        return None
-    code = _code(m, family, toks, allowed)
-    if code is None:
-        return None
-    lead = 1 - math.exp(-(score - runner_up) / MARGIN_SCALE)
-    confidence = round(MIN_CONFIDENCE + (MAX_CONFIDENCE - MIN_CONFIDENCE) * lead, 2)
-    return Guess(family, code, confidence, tuple(t for _, t in hit[:6]))
+    ranked = sorted(probs, key=lambda f: -probs[f]) if family is None else [family] if family in probs else []
+    for name in ranked:
+        support = scored[name][1]
+        if sum(w for w, _ in support) < MIN_SUPPORT:
+            return None
+        code = _code(m, name, toks, allowed)
+        if code is None:
+            continue
+        confidence = round(max(MIN_CONFIDENCE, min(MAX_CONFIDENCE, probs[name])), 2)
+        return Guess(name, code, confidence, tuple(t for _, t in support[:MAX_CUES]))
+    return None
 
 
 def _code(m: dict[str, Any], family: str, toks: set[str], allowed: set[str] | None) -> str | None:
@@ -153,22 +187,17 @@ def _log_odds(docs: list[tuple[set[str], str]], label: str) -> dict[str, float]:
     return out
 
 
-def train(docs: Iterable[tuple[str, str, str | None]]) -> dict[str, Any]:
-    """A model from ``(text, family, code or None)`` documents: per family its strongest cues,
-    per code (documents that name one) the cues that tell it from its family's other codes."""
+def train_codes(docs: Iterable[tuple[str, str, str | None]]) -> dict[str, Any]:
+    """Per family, per code (documents that name one): the words that tell the code from the family's
+    other codes (smoothed log-odds, presence per document)."""
     rows = [(tokens(text), family, code) for text, family, code in docs]
-    fam_docs = [(t, f) for t, f, _ in rows]
-    families = sorted({f for _, f in fam_docs})
-    out: dict[str, Any] = {"version": 1, "families": {}, "codes": {}, "documents": len(rows)}
-    for family in families:
-        odds = _log_odds(fam_docs, family)
-        top = sorted(odds.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_PER_FAMILY]
-        out["families"][family] = dict(sorted(top))
+    out: dict[str, Any] = {}
+    for family in sorted({f for _, f, _ in rows}):
         coded = [(t, c) for t, f, c in rows if f == family and c]
         per_code: dict[str, Any] = {}
         for code in sorted({c for _, c in coded}):
             odds = _log_odds(coded, code) if len({c for _, c in coded}) > 1 else {}
             top = sorted(odds.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_PER_CODE]
             per_code[code] = {"docs": sum(1 for _, c in coded if c == code), "cues": dict(sorted(top))}
-        out["codes"][family] = per_code
+        out[family] = per_code
     return out

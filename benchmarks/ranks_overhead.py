@@ -71,7 +71,6 @@ def child(args: argparse.Namespace) -> None:
         setattr(TimedDoctor, name, timed)
 
     # where the time goes: the parts the hooks call, each with its own stopwatch (seconds summed over the run)
-    import torchdoctor.lightning as tl
     from torchdoctor.ranks.fingerprint import RunRecorder
     from torchdoctor.ranks.memory import MemoryTracker
 
@@ -90,7 +89,6 @@ def child(args: argparse.Namespace) -> None:
         setattr(owner, attr, wrapped)
 
     stopwatch(RunRecorder, "record", "fingerprint record")
-    stopwatch(tl, "_grad_norm", "gradient norm")
     stopwatch(MemoryTracker, "sample", "memory sample")
     stopwatch(DoctorCallback, "_sync", "check_in_sync (waits for the slower rank too)")
 

@@ -115,6 +115,14 @@ def test_a_sure_answer_the_words_rule_out_is_no_longer_sure() -> None:
     top = report.diagnoses[0]
     assert top.code == "TD654" and top.confidence < 0.8
     assert any("point elsewhere (shm-exhausted" in n for n in top.notes)
+    # the words' family is listed after it: here a symptom line already names it, so no guess is added
+    assert [d.family for d in report.diagnoses[1:]] == ["shm-exhausted"]
+    assert report.diagnoses[1].role == "hypothesis"
+    from torchdoctor.registry import log_codes
+
+    without_symptom = [c for c in log_codes() if c.code != "TD158"]  # nothing recognised names shm-exhausted
+    report = explain(SHM_WORDS + DISK_FULL, codes=without_symptom)
+    assert report.diagnoses[0].code == "TD654" and report.diagnoses[0].confidence < 0.8
     alternatives = [d for d in report.diagnoses if d.role == "guess"]
     assert [d.family for d in alternatives] == ["shm-exhausted"]
     assert "TD654 was recognised" in alternatives[0].notes[0]

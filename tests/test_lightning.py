@@ -123,10 +123,10 @@ def test_grad_norm_is_the_global_l2_norm_and_none_without_gradients() -> None:
 
     import torch
 
-    from torchdoctor.lightning import _grad_norm
+    from torchdoctor.ranks.fingerprint import grad_norm
 
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    assert _grad_norm(m) is None
+    assert grad_norm(m) is None
     m(torch.randn(4, 8)).sum().backward()
     reference = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in m.parameters()))
-    assert _grad_norm(m) == pytest.approx(reference, rel=1e-6)
+    assert grad_norm(m) == pytest.approx(reference, rel=1e-6)

@@ -307,6 +307,45 @@ def test_per_tensor_checksums_name_the_tensor_that_differs(tmp_path: Path) -> No
     assert fingerprint_batch({"x": x, "name": "a"}) != fingerprint_batch({"x": x, "name": "b"})
 
 
+def test_the_numpy_batch_path_agrees_with_torch_and_still_sees_order() -> None:
+    import math
+
+    import torch
+
+    from torchdoctor.ranks.fingerprint import _cpu_dot, fingerprint_batch
+
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 32), torch.randint(0, 10, (32,))
+    fast = fingerprint_batch((x, y))
+    assert isinstance(fast, str) and fast.startswith("[0]=") and ";[1]=" in fast
+    values = [float(part.partition("=")[2]) for part in fast.split(";")]
+    for value, t in zip(values, (x, y)):
+        assert math.isclose(value, _cpu_dot(t), rel_tol=1e-12, abs_tol=1e-9)  # the torch path, to rounding
+    assert fingerprint_batch((x.flip(0), y)) != fast and fingerprint_batch((x, y)) == fast
+    half = fingerprint_batch((x.bfloat16(), y))  # numpy has no bfloat16: torch's path, same format
+    assert isinstance(half, str) and half.count("=") == 2
+
+
+def test_a_record_with_the_model_carries_the_gradient_norm_in_its_sums(tmp_path: Path) -> None:
+    import json
+    import math
+
+    import torch
+
+    from torchdoctor.ranks.fingerprint import RunRecorder, grad_norm
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model(torch.randn(4, 8)).sum().backward()
+    with RunRecorder(tmp_path, rank=0) as rec:
+        rec.record(0, loss=1.0, model=model)
+        rec.record(1, loss=1.0)
+    steps = [json.loads(line) for line in (tmp_path / "fingerprints-rank0.jsonl").read_text().splitlines()][1:]
+    norm = grad_norm(model)
+    assert norm is not None
+    assert math.isclose(math.sqrt(steps[0]["grads"]["sumsq"]), norm, rel_tol=1e-6)  # float32 norms vs float64 sums
+    assert "grads" not in steps[1]
+
+
 # -- the pure diff on hand-made runs ------------------------------------------------------------------------
 
 
@@ -401,5 +440,11 @@ def test_batch_fingerprint_fast_path_gives_the_generic_sums(monkeypatch: pytest.
     batch = (torch.randn(8, 3), {"y": torch.randn(8, 1), "ids": torch.arange(8)})
     fast = fp.fingerprint_batch(batch)
     monkeypatch.setattr(fp, "_plain_cpu", lambda t: False)  # force the generic path
-    assert fp.fingerprint_batch(batch) == fast
+    generic = fp.fingerprint_batch(batch)
+    assert isinstance(fast, str) and isinstance(generic, str)
+    # numpy sums in another order than torch: the same values to rounding (a batch's structure decides the
+    # path, so two runs of one job always take the same one)
+    for a, b in zip(fast.split(";"), generic.split(";")):
+        assert a.partition("=")[0] == b.partition("=")[0]
+        assert float(a.partition("=")[2]) == pytest.approx(float(b.partition("=")[2]), rel=1e-12, abs=1e-9)
     assert fast.startswith("[0]=") and ";[1].y=" in fast and ";[1].ids=" in fast

@@ -21,12 +21,11 @@ What it does, on every rank (each part can be switched off):
   ``memory_every`` steps (10; the peak is a high-water mark, so none is missed in between),
   gathered in one collective at the epoch's end; a rank far above the others is printed by rank 0
   (TD277 host, TD366 GPU) with the step range where its peak grew.
-* **each step** (``fingerprints=DIR``): loss, gradient norm and batch checksum into
+* **each step** (``fingerprints=DIR``): loss and batch checksum into
   ``DIR/fingerprints-rank{R}.jsonl`` for ``torchdoctor runs diff``; parameter and gradient checksums
-  every ``params_every`` steps (10; and the initial parameters in the header). A parting is still
-  found at its step: a different update shows in the next step's loss and gradient norm.
-  ``fingerprint_every=N`` records every N-th step only (a parting is then found to within N steps):
-  on a tiny model whose step is a few milliseconds, recording every step costs several percent.
+  and the gradient norm every ``params_every`` steps (10; and the initial parameters in the header).
+  A parting is still found at its step: a different update shows in the next step's loss.
+  ``fingerprint_every=N`` records every N-th step only (a parting is then found to within N steps).
 * **on an exception** (``guard=True``): the per-rank JSON error report of :func:`torchdoctor.guard`
   (``report_dir``), with the diagnosis; the exception goes on unchanged.
 * :meth:`DoctorCallback.open`: a :class:`~torchdoctor.RankFile` for other callbacks that append to one
@@ -39,7 +38,6 @@ is installed (``lightning`` first).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import warnings
@@ -142,7 +140,6 @@ class DoctorCallback(_Base):
         self._tracker: MemoryTracker | None = None
         self._recorder: Any = None
         self._files: list[RankFile] = []
-        self._grad_norm: float | None = None
 
     # --- for other callbacks -------------------------------------------------------------------------
 
@@ -184,17 +181,13 @@ class DoctorCallback(_Base):
         if self.determinism:
             self._determinism(trainer)
 
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        # global_step counts optimizer steps: the one about to happen is recorded as global_step + 1
-        if self._recorder is not None and (int(trainer.global_step) + 1) % self.fingerprint_every == 0:
-            self._grad_norm = _grad_norm(pl_module)
-
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = int(trainer.global_step)
         if self._recorder is not None and step % self.fingerprint_every == 0:
             model = pl_module if step % self.params_every == 0 else None
-            self._recorder.record(step, loss=_loss_of(outputs), model=model, batch=batch, grad_norm=self._grad_norm)
-            self._grad_norm = None
+            # the gradients are this step's until the next step zeroes them: with the parameters, their
+            # checksums and norm go in (a per-step norm cost more than the rest of the record together)
+            self._recorder.record(step, loss=_loss_of(outputs), model=model, batch=batch)
         if self._tracker is not None:
             self._tracker.sample(step)
         if self.sync_every is not None and step % self.sync_every == 0:
@@ -316,19 +309,3 @@ def _loss_of(outputs: Any) -> Any:
     if isinstance(outputs, dict):
         return outputs.get("loss")
     return outputs
-
-
-def _grad_norm(module: Any) -> float | None:
-    """The global L2 norm of the gradients, accumulated in float64: one fused ``_foreach_norm``, then the
-    norm of those norms (per device when the gradients live on several)."""
-    import torch
-
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    if not grads:
-        return None
-    norms = torch._foreach_norm(grads)
-    devices = {n.device for n in norms}
-    if len(devices) == 1:
-        return float(torch.linalg.vector_norm(torch.stack(norms), dtype=torch.float64).item())
-    values = torch.stack([n.to("cpu") for n in norms]).double().tolist()
-    return math.fsum(v * v for v in values) ** 0.5

@@ -27,7 +27,7 @@ Rules, in order:
    first :data:`~.collect.HEAD_BYTES` and the error lines kept) may still point at a family
    (:mod:`.cues`): a ``guess`` leads, with its words as the reason and a confidence of at most
    :data:`~.cues.MAX_CONFIDENCE`. A guess does not count as explained (exit code 1).
-9. A sure answer (confidence >= :data:`SURE`) that the words of the log all but rule out, while
+9. A sure root cause (confidence >= :data:`SURE`) that the words of the log all but rule out, while
    they point hard at another family, is demoted below :data:`SURE`, and the words' family is
    listed after it as a guess (:func:`_second_opinion`).
 """
@@ -190,7 +190,7 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
         word_guess = _word_guess(col, codes)
         if word_guess is not None:
             diagnoses.insert(0, word_guess)
-    elif diagnoses[0].confidence >= SURE:
+    elif diagnoses[0].role == "root-cause" and diagnoses[0].confidence >= SURE:
         _second_opinion(diagnoses, col, codes)
 
     failures = col.failures
@@ -313,11 +313,11 @@ def _word_guess(col: Collector, codes: dict[str, Code], family: str | None = Non
 
 
 def _second_opinion(diagnoses: list[Diagnosis], col: Collector, codes: dict[str, Code]) -> None:
-    """Rule 9: a sure answer (>= :data:`SURE`) whose family the words of the log all but rule out,
+    """Rule 9: a sure root cause (>= :data:`SURE`) whose family the words of the log all but rule out,
     while they point hard at another family, is no longer sure: its confidence drops below
-    :data:`SURE` and the words' family follows as a ``guess``. (A line the signature knows can be
-    the last link of a chain the report's words describe: ``No space left on device`` from a full
-    /dev/shm reads like a full disk.)"""
+    :data:`SURE` and the words' family follows as a ``guess`` (unless a symptom or confirmation already
+    names it). A line the signature knows can be the last link of a chain the report's words
+    describe: ``No space left on device`` from a full /dev/shm reads like a full disk."""
     from . import cues
 
     top = diagnoses[0]
@@ -332,6 +332,8 @@ def _second_opinion(diagnoses: list[Diagnosis], col: Collector, codes: dict[str,
     top.confidence = min(top.confidence, DOUBTED)
     words = ", ".join(t for _, t in scored[other][1][:4])
     top.notes.append(f"the words of the log point elsewhere ({other}: {words}); the matched line may be a consequence")
+    if any(d.family == other for d in diagnoses):
+        return  # already listed (a hypothesis from a symptom line, a confirmation)
     alt = _word_guess(col, codes, family=other)
     if alt is not None:
         alt.notes = [

@@ -88,7 +88,14 @@ def child(args: argparse.Namespace) -> None:
 
         setattr(owner, attr, wrapped)
 
+    import torchdoctor.ranks.fingerprint as fpm
+    from torchdoctor.guards.rankfile import RankFile
+
     stopwatch(RunRecorder, "record", "fingerprint record")
+    stopwatch(fpm, "fingerprint_batch", "  of which batch checksum")
+    stopwatch(fpm, "fingerprint_module", "  of which parameter and gradient checksums")
+    stopwatch(fpm, "_scalar", "  of which loss")
+    stopwatch(RankFile, "write", "  of which the line's write")
     stopwatch(MemoryTracker, "sample", "memory sample")
     stopwatch(DoctorCallback, "_sync", "check_in_sync (waits for the slower rank too)")
 

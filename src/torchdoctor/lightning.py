@@ -23,7 +23,8 @@ What it does, on every rank (each part can be switched off):
   (TD277 host, TD366 GPU) with the step range where its peak grew.
 * **each step** (``fingerprints=DIR``): loss and batch checksum into
   ``DIR/fingerprints-rank{R}.jsonl`` for ``torchdoctor runs diff``; parameter and gradient checksums
-  and the gradient norm every ``params_every`` steps (10; and the initial parameters in the header).
+  every ``params_every`` steps (10; and the initial parameters in the header; the gradient norm is
+  ``sqrt(grads.sumsq)``).
   A parting is still found at its step: a different update shows in the next step's loss.
   ``fingerprint_every=N`` records every N-th step only (a parting is then found to within N steps).
 * **on an exception** (``guard=True``): the per-rank JSON error report of :func:`torchdoctor.guard`
@@ -185,8 +186,8 @@ class DoctorCallback(_Base):
         step = int(trainer.global_step)
         if self._recorder is not None and step % self.fingerprint_every == 0:
             model = pl_module if step % self.params_every == 0 else None
-            # the gradients are this step's until the next step zeroes them: with the parameters, their
-            # checksums and norm go in (a per-step norm cost more than the rest of the record together)
+            # the gradients are this step's until the next step zeroes them; their norm is not taken each step
+            # (it cost more than the rest of the record together): sqrt(grads.sumsq) every params_every steps
             self._recorder.record(step, loss=_loss_of(outputs), model=model, batch=batch)
         if self._tracker is not None:
             self._tracker.sample(step)

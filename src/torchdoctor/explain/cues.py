@@ -97,11 +97,7 @@ def family_scores(toks: set[str], m: dict[str, Any]) -> dict[str, tuple[float, l
     out: dict[str, tuple[float, list[tuple[float, str]]]] = {}
     for family, entry in m["families"].items():
         weights: dict[str, float] = entry.get("weights", {})
-        present = (
-            [(w, t) for t, w in weights.items() if t in toks]
-            if len(weights) < len(toks)
-            else [(weights[t], t) for t in toks if t in weights]
-        )
+        present = [(weights[t], t) for t in toks if t in weights]
         score = float(entry.get("bias", 0.0)) + sum(w for w, _ in present)
         out[family] = (score, sorted(((w, t) for w, t in present if w > 0), reverse=True))
     return out

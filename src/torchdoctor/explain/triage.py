@@ -330,15 +330,15 @@ def _second_opinion(diagnoses: list[Diagnosis], col: Collector, codes: dict[str,
     if other == top.family or probs.get(top.family, 0.0) >= DOUBT_BELOW or probs[other] < DOUBT_OTHER:
         return
     top.confidence = min(top.confidence, DOUBTED)
-    words = ", ".join(t for _, t in scored[other][1][:4])
+    words = ", ".join(t for _, t in scored[other][1][:6])
     top.notes.append(f"the words of the log point elsewhere ({other}: {words}); the matched line may be a consequence")
     if any(d.family == other for d in diagnoses):
         return  # already listed (a hypothesis from a symptom line, a confirmation)
     alt = _word_guess(col, codes, family=other)
     if alt is not None:
         alt.notes = [
-            f"{top.code} was recognised, but the words of the log ({', '.join(t for _, t in scored[other][1][:6])}) "
-            "point at this family: an alternative to rule out"
+            f"{top.code} was recognised, but the words of the log ({words}) point at this family: an alternative "
+            "to rule out"
         ]
         diagnoses.append(alt)
 

@@ -59,6 +59,7 @@ _PHI = 0.6180339887498949
 CACHE_LIMIT = 1 << 21
 _CACHED = 4
 _weights: dict[tuple[int, str], Any] = {}
+_np_cache: dict[tuple[int, str], Any] = {}
 _local = threading.local()  # the scratch vectors: one set per thread, so recorders in threads never share one
 #: Up to this many elements a module's tensors are checksummed as one float64 vector (fewer, larger
 #: reductions: what keeps a small model's record cheap); above it, tensor by tensor (no big copy).
@@ -182,9 +183,14 @@ def _cpu_dot(t: Any) -> float:
 
 
 def _np_weights(n: int) -> Any:
+    """:func:`_position_weights` as a numpy array, in its own cache (the batch's sizes never push the
+    parameters' weights out of torch's)."""
     import numpy as np
 
-    return _cached(_weights, n, "numpy", lambda: np.arange(n, dtype=np.float64).__imul__(_PHI).__imod__(1.0) + 1.0)
+    def make() -> Any:
+        return np.modf(np.arange(n, dtype=np.float64) * _PHI)[0] + 1.0
+
+    return _cached(_np_cache, n, "numpy", make)
 
 
 def _numpy_dots(tensors: list[Any]) -> list[float] | None:

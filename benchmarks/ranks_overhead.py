@@ -1,7 +1,8 @@
 """What ``DoctorCallback`` costs a Lightning training step: a tiny model, ``ddp`` on gloo, 2 CPU processes.
 
 Target: at most 1% of the step time, with ``sync_every=100`` (``check_in_sync``) and run fingerprints
-recorded every step (loss, gradient norm, parameter and batch checksums), plus per-step memory samples.
+recorded every step (loss and batch checksum each step; parameter and gradient checksums, whose
+``sqrt(sumsq)`` is the gradient norm, every ``params_every`` steps), plus memory samples.
 
 Two measurements, side by side in one run:
 
@@ -11,9 +12,12 @@ Two measurements, side by side in one run:
   preflight and the determinism audit, once per fit, are outside). Medians, the per-round ratio, and the
   spread of ``base``: on a shared 2-core VM the loops move by several percent between runs, more than the
   effect measured.
-* **inside**: in the ``doctor`` runs, the time spent inside the callback's per-step hooks
-  (``on_before_optimizer_step``, ``on_train_batch_end``), measured around each call, as a share of the
-  step. That is the callback's own cost and does not depend on the noise of the loop.
+* **inside**: in the ``doctor`` runs, the time spent inside the callback's per-step hook
+  (``on_train_batch_end``), measured around each call, as a share of the step. That is the
+  callback's own cost and does not depend on the noise of the loop.
+* **parts**: a fourth run (``parts``, fingerprints every step) with a stopwatch around each part the
+  hook calls, to say where the time goes; its stopwatches cost a little each, so it is not one of the
+  measured runs.
 
     python benchmarks/ranks_overhead.py [--steps 1500] [--rounds 3]
 
@@ -33,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PER_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")
+PER_STEP_HOOKS = ("on_train_batch_end",)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -89,15 +93,18 @@ def child(args: argparse.Namespace) -> None:
         setattr(owner, attr, wrapped)
 
     import torchdoctor.ranks.fingerprint as fpm
+    import torchdoctor.ranks.sync as sync
     from torchdoctor.guards.rankfile import RankFile
 
-    stopwatch(RunRecorder, "record", "fingerprint record")
-    stopwatch(fpm, "fingerprint_batch", "  of which batch checksum")
-    stopwatch(fpm, "fingerprint_module", "  of which parameter and gradient checksums")
-    stopwatch(fpm, "_scalar", "  of which loss")
-    stopwatch(RankFile, "write", "  of which the line's write")
-    stopwatch(MemoryTracker, "sample", "memory sample")
-    stopwatch(DoctorCallback, "_sync", "check_in_sync (waits for the slower rank too)")
+    if args.variant == "parts":  # stopwatches cost a little each: their own run, not the measured ones
+        stopwatch(RunRecorder, "record", "fingerprint record")
+        stopwatch(fpm, "capture_batch", "  of which keeping the batch for the flush")
+        stopwatch(fpm, "fingerprint_module", "  of which parameter and gradient checksums")
+        stopwatch(RunRecorder, "flush", "  of which flushes (checksums, losses, lines)")
+        stopwatch(RankFile, "write", "    of which the write")
+        stopwatch(MemoryTracker, "sample", "memory sample")
+        stopwatch(sync, "start_check", "sync check: checksums, gather started")
+        stopwatch(DoctorCallback, "_sync_report", "sync check: report read a step later")
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -106,8 +113,8 @@ def child(args: argparse.Namespace) -> None:
     clock = Clock()
     callbacks: list[Any] = [clock]
     doctor = None
-    if args.variant.startswith("doctor"):
-        every = int(args.variant.partition("-")[2] or 1)
+    if args.variant.startswith("doctor") or args.variant == "parts":
+        every = int(args.variant.partition("-")[2] or 1) if args.variant != "parts" else 1
         doctor = TimedDoctor(
             sync_every=100,
             fingerprints=Path(args.out) / "fingerprints",
@@ -146,14 +153,14 @@ def main() -> None:
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
-    variants = ("base", "doctor", "doctor-10")
+    variants = ("base", "doctor", "doctor-10", "parts")
     times: dict[str, list[float]] = {v: [] for v in variants}
     inside: dict[str, list[float]] = {v: [] for v in variants}
     parts: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     syncs = 0
     with tempfile.TemporaryDirectory(prefix="td-ranks-bench-") as d:
         for r in range(args.rounds):
-            for variant in variants[r % 3 :] + variants[: r % 3]:
+            for variant in variants[r % 4 :] + variants[: r % 4]:
                 out = Path(d) / f"{variant}-{r}"
                 out.mkdir()
                 cmd = [sys.executable, __file__, "--child", "--variant", variant, "--out", str(out)]
@@ -188,8 +195,12 @@ def main() -> None:
             f"{variant:9} ({what}): loop {doc * 1e3:.3f} ms/step, {doc / base - 1:+.2%} (paired {paired - 1:+.2%}); "
             f"inside its per-step hooks {own * 1e6:.1f} us = {own / base:.2%} of a base step ({verdict} the 1% target)"
         )
-        for label, values in parts[variant].items():
-            print(f"    {label}: {statistics.median(values) * 1e6:.1f} us a step")
+    print(
+        f"where the time goes (fingerprints every step; a separate run with a stopwatch around each part, "
+        f"inside {statistics.median(inside['parts']) * 1e6:.1f} us a step there):"
+    )
+    for label, values in parts["parts"].items():
+        print(f"    {label}: {statistics.median(values) * 1e6:.1f} us a step")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def test_perturbed_rank_is_named_within_sync_every_steps_and_reported(tmp_path: 
     assert "1" in line.split("net.2.weight", 1)[1]  # the rank that differs is named after the tensor
     for r in results.values():
         assert r["error"] and r["error"].startswith("RankDivergenceError")
-        assert r["steps"] == 10
+        assert r["steps"] == 11  # the check of step 10 is read, and raised, at the end of step 11
     reports = sorted((out / "torchdoctor-reports").glob("*.json"))
     assert len(reports) == 2, reports  # guard: one per rank
     body = json.loads(reports[0].read_text())

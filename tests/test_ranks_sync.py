@@ -133,6 +133,39 @@ def _permuted(rank: int) -> dict[str, Any]:
     return _report(check_in_sync(net))
 
 
+def _counted(rank: int) -> dict[str, Any]:
+    """The collectives check_in_sync makes: identical models, then a last-bit difference on rank 1 (within
+    compare's tolerance: the checksums' bytes differ, the report is still ok), then a real one."""
+    import torch.distributed as dist
+
+    from torchdoctor.ranks.sync import check_in_sync
+
+    calls = []
+    real = dist.all_gather
+
+    def counting(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    dist.all_gather = counting
+    net = _net()
+    out: dict[str, Any] = {}
+    out["equal"] = (check_in_sync(net).ok, len(calls))
+    if rank == 1:
+        with torch.no_grad():
+            w = net[0].weight
+            w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(2.0))
+    calls.clear()
+    out["last_bit"] = (check_in_sync(net).ok, len(calls))
+    if rank == 1:
+        with torch.no_grad():
+            net[0].weight[0, 0] += 0.5
+    calls.clear()
+    report = check_in_sync(net)
+    out["real"] = (report.ok, len(calls), [m.name for m in report.mismatches])
+    return out
+
+
 # -- real process groups ----------------------------------------------------------------------------------
 
 
@@ -316,3 +349,11 @@ def test_importing_the_module_does_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_agreeing_ranks_cost_one_collective_and_a_difference_two(tmp_path: Path) -> None:
+    results = run_ranks(2, _counted, tmp_path)
+    for res in results:
+        assert res["equal"] == [True, 1]  # structure and a hash of the checksums, in one all_gather
+        assert res["last_bit"] == [True, 2]  # the hashes differ; the checksums agree within tolerance
+        assert res["real"] == [False, 2, ["0.weight"]]

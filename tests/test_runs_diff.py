@@ -346,6 +346,113 @@ def test_a_record_with_the_model_carries_the_gradient_norm_in_its_sums(tmp_path:
     assert "grads" not in steps[1]
 
 
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()][1:]
+
+
+def _batches() -> list[Any]:
+    """Batches of every kind a loader yields, each a fresh object (as a loader's are)."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    return [
+        (torch.randn(4, 3, generator=g), torch.randint(0, 9, (4,), generator=g)),
+        [torch.randn(4, 3, generator=g), torch.randint(0, 9, (4,), generator=g)],
+        torch.randn(5, generator=g),
+        {"x": torch.randn(2, 2, generator=g), "name": "abc", "n": 3},
+        (torch.randn(3, generator=g).bfloat16(), torch.randn(3, generator=g)),
+        (torch.randn(2, generator=g, dtype=torch.complex64), torch.empty(0)),
+        (torch.randn(4, 3, generator=g), torch.randint(0, 9, (4,), generator=g)),
+    ]
+
+
+def test_deferred_records_equal_the_immediate_ones(tmp_path: Path) -> None:
+    import math
+
+    import torch
+
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    def record(out: Path, flush_every: int) -> list[dict[str, Any]]:
+        with RunRecorder(out, rank=0, flush_every=flush_every) as rec:
+            for step, batch in enumerate(_batches()):
+                loss = torch.tensor(0.5 + step, dtype=torch.float16 if step == 4 else torch.float32)
+                rec.record(step, loss=loss * 1.5, batch=batch, grad_norm=torch.tensor([2.0 * step]), lr=0.1)
+        return _lines(out / "fingerprints-rank0.jsonl")
+
+    now, later = record(tmp_path / "now", 1), record(tmp_path / "later", 3)
+    assert len(now) == len(later) == 7
+    for a, b in zip(now, later):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and a["extra"] == b["extra"]
+        assert a["t"] <= b["t"]
+        if isinstance(a["batch"], float):
+            assert math.isclose(a["batch"], b["batch"], rel_tol=1e-12)
+            continue
+        parts_a, parts_b = (dict(p.split("=", 1) for p in x["batch"].split(";")) for x in (a, b))
+        assert parts_a.keys() == parts_b.keys(), (a["batch"], b["batch"])
+        for key, va in parts_a.items():
+            vb = parts_b[key]
+            if va.startswith("#") or va.startswith("<"):
+                assert va == vb
+            else:  # numpy's dot vs a matrix-vector product: equal to rounding
+                assert math.isclose(float(va), float(vb), rel_tol=1e-12, abs_tol=1e-12), (key, va, vb)
+    assert load_run(tmp_path / "later").steps[0].keys() == set(range(7))
+
+
+def test_deferred_records_are_written_at_each_flush_and_at_close(tmp_path: Path) -> None:
+    import torch
+
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    path = tmp_path / "fingerprints-rank0.jsonl"
+    rec = RunRecorder(tmp_path, rank=0, flush_every=4)
+    for step in range(6):
+        rec.record(step, loss=torch.tensor(float(step)), batch=torch.arange(3.0))
+        assert len(_lines(path)) == (4 if step >= 3 else 0)
+    rec.flush()
+    assert [r["step"] for r in _lines(path)] == list(range(6))
+    rec.record(6, loss=torch.tensor(6.0))
+    rec.close()
+    assert [r["loss"] for r in _lines(path)] == [float(s) for s in range(7)]
+
+
+def test_a_batch_changed_in_place_before_the_flush_is_unknown_not_wrong(tmp_path: Path) -> None:
+    import torch
+
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    buffer = torch.zeros(4)  # a loader that refills one buffer
+    with RunRecorder(tmp_path, rank=0, flush_every=8) as rec:
+        for step in range(3):
+            buffer.fill_(float(step))
+            rec.record(step, loss=float(step), batch=(buffer,))
+    steps = _lines(tmp_path / "fingerprints-rank0.jsonl")
+    assert ["batch" in r for r in steps] == [False, False, True]
+    assert all("changed in place" in r["batch_unknown"] for r in steps[:2])
+
+
+def test_large_batches_are_not_held_past_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import torchdoctor.ranks.fingerprint as fingerprint
+
+    monkeypatch.setattr(fingerprint, "HELD_LIMIT", 1000)
+    path = tmp_path / "fingerprints-rank0.jsonl"
+    with fingerprint.RunRecorder(tmp_path, rank=0, flush_every=100) as rec:
+        rec.record(0, batch=torch.zeros(100))  # 400 bytes: held
+        assert _lines(path) == []
+        rec.record(1, batch=torch.zeros(200))  # 1200 bytes held: flushed at once
+        assert [r["step"] for r in _lines(path)] == [0, 1]
+
+
+def test_flush_every_must_be_a_positive_count(tmp_path: Path) -> None:
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="flush_every must be a positive"):
+            RunRecorder(tmp_path, rank=0, flush_every=bad)  # type: ignore[arg-type]
+
+
 # -- the pure diff on hand-made runs ------------------------------------------------------------------------
 
 

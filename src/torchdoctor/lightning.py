@@ -23,10 +23,14 @@ What it does, on every rank (each part can be switched off):
   (TD277 host, TD366 GPU) with the step range where its peak grew.
 * **each step** (``fingerprints=DIR``): loss and batch checksum into
   ``DIR/fingerprints-rank{R}.jsonl`` for ``torchdoctor runs diff``; parameter and gradient checksums
-  every ``params_every`` steps (10; and the initial parameters in the header; the gradient norm is
+  every ``params_every`` steps (50; and the initial parameters in the header; the gradient norm is
   ``sqrt(grads.sumsq)``).
   A parting is still found at its step: a different update shows in the next step's loss.
   ``fingerprint_every=N`` records every N-th step only (a parting is then found to within N steps).
+  The loss and batch checksums are kept as references and computed, and the lines written, every
+  ``flush_every`` records (50; one transfer and one product for all of them, no CUDA sync per step),
+  at the end of training and on an exception; a hard kill (SIGKILL, the OOM killer) loses at most the
+  last ``flush_every`` records. ``flush_every=1`` writes each step as it ends.
 * **on an exception** (``guard=True``): the per-rank JSON error report of :func:`torchdoctor.guard`
   (``report_dir``), with the diagnosis; the exception goes on unchanged.
 * :meth:`DoctorCallback.open`: a :class:`~torchdoctor.RankFile` for other callbacks that append to one
@@ -50,7 +54,7 @@ from .errors import UsageError
 if TYPE_CHECKING:
     from .guards.rankfile import RankFile
     from .ranks.memory import MemoryReport, MemoryTracker
-    from .ranks.sync import SyncReport
+    from .ranks.sync import SyncCheck, SyncReport
 
 
 def _callback_base() -> type:
@@ -99,8 +103,9 @@ class DoctorCallback(_Base):
         determinism: bool = True,
         fingerprints: str | os.PathLike[str] | None = None,
         fingerprint_every: int = 1,
-        params_every: int = 10,
+        params_every: int = 50,
         memory_every: int = 10,
+        flush_every: int = 50,
         guard: bool = True,
         report_dir: str | os.PathLike[str] = "torchdoctor-reports",
     ) -> None:
@@ -115,6 +120,7 @@ class DoctorCallback(_Base):
             ("fingerprint_every", fingerprint_every),
             ("params_every", params_every),
             ("memory_every", memory_every),
+            ("flush_every", flush_every),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive number of steps; got {value!r}")
@@ -131,6 +137,7 @@ class DoctorCallback(_Base):
         self.fingerprint_every = fingerprint_every
         self.params_every = params_every
         self.memory_every = memory_every
+        self.flush_every = flush_every
         self.guard = guard
         self.report_dir = Path(report_dir)
         # what the last checks found, for the training script and for tests
@@ -140,6 +147,7 @@ class DoctorCallback(_Base):
         self.memory_reports: list[tuple[int, MemoryReport]] = []
         self._tracker: MemoryTracker | None = None
         self._recorder: Any = None
+        self._sync_started: tuple[int, SyncCheck] | None = None
         self._files: list[RankFile] = []
 
     # --- for other callbacks -------------------------------------------------------------------------
@@ -176,6 +184,7 @@ class DoctorCallback(_Base):
                     "source": "torchdoctor.lightning.DoctorCallback",
                     "params_every": self.params_every,
                 },
+                flush_every=self.flush_every,
             )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -191,10 +200,16 @@ class DoctorCallback(_Base):
             self._recorder.record(step, loss=_loss_of(outputs), model=model, batch=batch)
         if self._tracker is not None:
             self._tracker.sample(step)
+        if self._sync_started is not None:
+            self._sync_report(trainer)
         if self.sync_every is not None and step % self.sync_every == 0:
-            self._sync(trainer, pl_module, step)
+            from .ranks.sync import start_check
+
+            self._sync_started = (step, start_check(pl_module, buffers=self.buffers))
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._sync_started is not None:  # before the memory gather, in the same order on every rank
+            self._sync_report(trainer)
         if self._tracker is None:
             return
         report = self._tracker.gather()
@@ -206,12 +221,22 @@ class DoctorCallback(_Base):
         # what every rank wrote through open() is in the files before any rank goes past fit() (a rank
         # reading them right after would otherwise miss the others' last batch of lines); every rank
         # comes here, whether or not it opened a file, so the barrier is always matched
+        if self._recorder is not None:
+            self._recorder.flush()
         for f in self._files:
             f.flush()
+        if self._sync_started is not None:
+            self._sync_report(trainer)
         if int(getattr(trainer, "world_size", 1)) > 1:
             trainer.strategy.barrier("torchdoctor-files")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._sync_started = None  # never waited for: another rank may not be there to finish it
+        if self._recorder is not None:
+            try:  # the steps up to the failure are what `runs diff` needs most
+                self._recorder.flush()
+            except Exception as exc:
+                warnings.warn(f"torchdoctor: the last fingerprints could not be written: {exc!r}", stacklevel=1)
         if self.guard:
             from .guards.report import report_failure
 
@@ -265,10 +290,14 @@ class DoctorCallback(_Base):
         if trainer.global_rank == 0 and report.findings:
             _echo(f"torchdoctor determinism audit:\n{report.render()}")
 
-    def _sync(self, trainer: Any, pl_module: Any, step: int) -> None:
-        from .ranks.sync import RankDivergenceError, check_in_sync
+    def _sync_report(self, trainer: Any) -> None:
+        """The report of the check started at the last check step, read one step later on every rank (its
+        gather ran in the background meanwhile)."""
+        from .ranks.sync import RankDivergenceError
 
-        report = check_in_sync(pl_module, buffers=self.buffers)
+        assert self._sync_started is not None
+        (step, check), self._sync_started = self._sync_started, None
+        report = check.report()
         self.sync_reports.append((step, report))
         if report.ok:
             return

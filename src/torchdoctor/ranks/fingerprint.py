@@ -48,9 +48,11 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import TorchDoctorError
+from .deferred import HELD_LIMIT, Pending, capture_batch, deferrable_scalar, finish
 
 SCHEMA = 1
 FILE_RE = re.compile(r"^fingerprints-rank(\d+)\.jsonl$")
+_ENCODER = json.JSONEncoder(default=str)
 #: The golden ratio's fractional part: position weights that never repeat in a useful period.
 _PHI = 0.6180339887498949
 #: Position weights and float64 scratch vectors are kept per (length, device) up to this many elements,
@@ -359,7 +361,10 @@ class RunRecorder:
     different first step. ``per_tensor``: also keep each parameter's checksums (names the first tensor
     that differs; larger files). ``every``: record only steps divisible by it (the cost of a record is a
     few float64 passes over the parameters and gradients; ``runs diff`` then finds a parting to within
-    ``every`` steps)."""
+    ``every`` steps). ``flush_every``: compute the loss and batch checksums and write the lines every
+    that many records, not at each (see :mod:`.deferred`: a CUDA loss is then not waited for each step,
+    and the batches' checksums are one product per flush); the last records before a hard kill (SIGKILL,
+    the OOM killer) are then not in the file; :meth:`flush` and :meth:`close` write them."""
 
     def __init__(
         self,
@@ -370,6 +375,7 @@ class RunRecorder:
         model: Any = None,
         per_tensor: bool = False,
         every: int = 1,
+        flush_every: int = 1,
     ) -> None:
         import torch
 
@@ -379,6 +385,11 @@ class RunRecorder:
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive number of steps; got {every!r}")
+        if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
+            raise ValueError(f"flush_every must be a positive number of records; got {flush_every!r}")
+        self.flush_every = flush_every
+        self._pending: list[Pending] = []
+        self._held = 0
         self.rank = current_rank() if rank is None else int(rank)
         self.per_tensor = per_tensor
         self.every = every
@@ -405,7 +416,7 @@ class RunRecorder:
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:
             raise ValueError(f"RunRecorder for {self.path} is closed")
-        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.write(_ENCODER.encode(record) + "\n")
 
     def record(
         self, step: int, *, loss: Any = None, model: Any = None, batch: Any = None, grad_norm: Any = None, **extra: Any
@@ -416,12 +427,16 @@ class RunRecorder:
         if step % self.every:
             return
         rec: dict[str, Any] = {"kind": "step", "step": int(step)}
-        if batch is not None:
+        later = Pending(rec) if self.flush_every > 1 else None
+        if batch is not None and (later is None or not capture_batch(batch, later)):
             rec["batch"] = fingerprint_batch(batch)
-        if loss is not None:
-            rec["loss"] = _scalar(loss)
-        if grad_norm is not None:
-            rec["grad_norm"] = _scalar(grad_norm)
+        for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+            if value is None:
+                continue
+            if later is not None and deferrable_scalar(value):
+                later.scalars[name] = value.detach()
+            else:
+                rec[name] = _scalar(value)
         if model is not None:
             fp = fingerprint_module(model, per_tensor=self.per_tensor)
             rec["params"] = fp["params"]
@@ -429,13 +444,34 @@ class RunRecorder:
                 rec["grads"] = fp["grads"]  # their norm is sqrt(sumsq)
         if extra:
             rec["extra"] = {k: _scalar(v) for k, v in extra.items()}
-        rec["t"] = round(time.time(), 3)
-        self._write(rec)
+        if later is None:
+            rec["t"] = round(time.time(), 3)
+            self._write(rec)
+            return
+        rec["t"] = time.time()  # rounded at the flush
+        self._pending.append(later)
+        self._held += later.held_bytes
+        if len(self._pending) >= self.flush_every or self._held > HELD_LIMIT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Compute and write the records kept since the last flush (``flush_every``)."""
+        if not self._pending:
+            return
+        pending, self._pending, self._held = self._pending, [], 0
+        if self._file is None:
+            raise ValueError(f"RunRecorder for {self.path} is closed")
+        encode = _ENCODER.encode
+        self._file.write("".join([encode(r) + "\n" for r in finish(pending)]))
+        self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            try:
+                self.flush()
+            finally:
+                self._file.close()
+                self._file = None
 
     def __enter__(self) -> RunRecorder:
         return self

@@ -270,11 +270,32 @@ def _structure_hash(entries: list[str]) -> int:
     return int.from_bytes(digest, "big") >> 12
 
 
+def _bytes_hash(values: Any) -> int:
+    """52 bits of a hash of a tensor's bytes (equal bytes, equal hash), exact in a float64."""
+    digest = hashlib.blake2b(values.detach().cpu().numpy().tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 12
+
+
 def _weights(start: int, stop: int, c: float, device: Any) -> Any:
     """Weights ``1 + frac(i * c)`` for ``i`` in ``[start, stop)``, float64 on ``device``."""
     import torch
 
     return torch.arange(start, stop, dtype=torch.float64, device=device).mul_(c).frac_().add_(1.0)
+
+
+_first: dict[tuple[int, float, str], Any] = {}
+
+
+def _first_weights(n: int, c: float, device: Any) -> Any:
+    """``_weights(0, n, c, device)``, made once per device: the same values, without four small ops per
+    tensor and check (what the check of a small model costs is mostly such ops, not arithmetic)."""
+    key = (n, c, str(device))
+    w = _first.get(key)
+    if w is None:
+        if len(_first) >= 8:
+            _first.clear()
+        w = _first[key] = _weights(0, n, c, device)
+    return w
 
 
 def checksums(t: Any) -> Any:
@@ -294,7 +315,7 @@ def checksums(t: Any) -> Any:
         x = x.cpu()
     x = x.reshape(-1)
     n, device = x.numel(), x.device
-    in_row = _weights(0, ROW, _C1, device)
+    in_row = _first_weights(ROW, _C1, device)
     col_sums = torch.zeros(ROW, dtype=torch.float64, device=device)
     acc = torch.zeros(2, dtype=torch.float64, device=device)  # the partial row's sum, the sum of squares
     weighted = torch.zeros(2, dtype=torch.float64, device=device)  # the two position-weighted sums
@@ -305,7 +326,11 @@ def checksums(t: Any) -> Any:
         first_row = a // ROW
         head, tail = xc[: rows * ROW].view(rows, ROW), xc[rows * ROW :]
         col_sums += head.sum(0)
-        row_w = _weights(first_row, first_row + rows + 1, _C2, device)
+        row_w = (
+            _first_weights(CHUNK_ROWS + 1, _C2, device)
+            if first_row == 0
+            else _weights(first_row, first_row + rows + 1, _C2, device)
+        )
         tail_sum = tail.sum()
         acc[0] += tail_sum
         acc[1] += torch.dot(xc, xc)
@@ -364,39 +389,83 @@ def check_in_sync(
     ``.module`` is read). Outside a process group it checks nothing and reports world size 1, ok.
     With ``raise_on_mismatch`` a divergence raises :class:`RankDivergenceError` on every rank.
     """
-    import torch
+    return start_check(module, group=group, buffers=buffers).report(raise_on_mismatch=raise_on_mismatch)
 
-    inner = _unwrap(module)
-    tensors = _tensors(inner, buffers)
-    names = [name for name, _ in tensors]
-    dist = _distributed()
-    if dist is None or (group is None and not dist.is_initialized()):
-        return SyncReport(ok=True, world_size=1, rank=0, checked=len(tensors))
-    world = dist.get_world_size(group)
-    rank = dist.get_rank()
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-    if world == 1:
-        return SyncReport(ok=True, world_size=1, rank=rank, checked=len(tensors))
-    device = _gather_device(group, tensors)
-    entries = _structure_entries(tensors)
-    header = torch.tensor([float(len(tensors)), float(_structure_hash(entries))], dtype=torch.float64, device=device)
-    headers = [(int(c), int(h)) for c, h in _all_gather(header, group, world)]
-    if len(set(headers)) > 1:
-        lists: list[Any] = [None] * world
-        dist.all_gather_object(lists, entries, group=group)
-        found = structure_mismatch(headers, lists, ranks)
-        assert found is not None  # the headers differ
-        report = SyncReport(ok=False, world_size=world, rank=rank, checked=0, mismatches=(found,))
-    else:
+
+class SyncCheck:
+    """A check started by :func:`start_check`: the checksums are taken and their gather is on its way;
+    :meth:`report` waits for it (and, only when the ranks differ, gathers the checksums themselves to
+    name the tensors). Every rank must call :meth:`report` at the same point, as for any collective."""
+
+    def __init__(self, module: Any, *, group: Any = None, buffers: bool = True) -> None:
+        import torch
+
+        inner = _unwrap(module)
+        tensors = _tensors(inner, buffers)
+        self.names = [name for name, _ in tensors]
+        self.group = group
+        self._work: Any = None
+        self._result: SyncReport | None = None
+        dist = _distributed()
+        if dist is None or (group is None and not dist.is_initialized()):
+            self._result = SyncReport(ok=True, world_size=1, rank=0, checked=len(tensors))
+            return
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank()
+        self.ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world))
+        if self.world == 1:
+            self._result = SyncReport(ok=True, world_size=1, rank=self.rank, checked=len(tensors))
+            return
+        device = _gather_device(group, tensors)
+        self.entries = _structure_entries(tensors)
         with torch.no_grad():
-            local = _stack(tensors, device)
-        rows = _all_gather(local, group, world)
-        found_all = compare(rows, names)
+            self.local = _stack(tensors, device)
+        # one collective when the ranks agree (the usual case): the structure, and a hash of the
+        # checksums' bytes; only when the hashes differ are the checksums gathered, to name the tensors
+        header = torch.tensor(
+            [float(len(tensors)), float(_structure_hash(self.entries)), float(_bytes_hash(self.local))],
+            dtype=torch.float64,
+            device=device,
+        )
+        self._parts = [torch.empty_like(header) for _ in range(self.world)]
+        self._work = dist.all_gather(self._parts, header, group=group, async_op=True)
+
+    def report(self, *, raise_on_mismatch: bool = False) -> SyncReport:
+        """The report (the same on every rank); waits for the gather when it is still on its way."""
+        if self._result is None:
+            self._result = self._finish()
+        if raise_on_mismatch and not self._result.ok:
+            raise RankDivergenceError(self._result)
+        return self._result
+
+    def _finish(self) -> SyncReport:
+        import torch
+
+        dist = _distributed()
+        assert dist is not None and self._work is not None
+        self._work.wait()
+        gathered = torch.stack(self._parts).cpu().tolist()
+        headers = [(int(c), int(h)) for c, h, _ in gathered]
+        world, rank, ranks, checked = self.world, self.rank, self.ranks, len(self.names)
+        if len(set(headers)) > 1:
+            lists: list[Any] = [None] * world
+            dist.all_gather_object(lists, self.entries, group=self.group)
+            found = structure_mismatch(headers, lists, ranks)
+            assert found is not None  # the headers differ
+            return SyncReport(ok=False, world_size=world, rank=rank, checked=0, mismatches=(found,))
+        if len({d for _, _, d in gathered}) == 1:
+            return SyncReport(ok=True, world_size=world, rank=rank, checked=checked)
+        rows = _all_gather(self.local, self.group, world)
+        found_all = compare(rows, self.names)
         mismatches = tuple(Mismatch(m.name, tuple(ranks[r] for r in m.ranks), m.max_abs_diff) for m in found_all)
-        report = SyncReport(ok=not mismatches, world_size=world, rank=rank, checked=len(tensors), mismatches=mismatches)
-    if raise_on_mismatch and not report.ok:
-        raise RankDivergenceError(report)
-    return report
+        return SyncReport(ok=not mismatches, world_size=world, rank=rank, checked=checked, mismatches=mismatches)
+
+
+def start_check(module: Any, *, group: Any = None, buffers: bool = True) -> SyncCheck:
+    """:func:`check_in_sync` in two halves: this takes the checksums and starts their gather (no wait);
+    ``.report()`` later, at the same point on every rank, gives the report. The training loop goes on
+    in between (a step, say), so the check costs no wait for the slower rank or the network."""
+    return SyncCheck(module, group=group, buffers=buffers)
 
 
 def _distributed() -> Any:

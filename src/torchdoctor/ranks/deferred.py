@@ -1,0 +1,153 @@
+"""Deferred step records: what :class:`~torchdoctor.ranks.fingerprint.RunRecorder` keeps between flushes.
+
+A record's loss and batch checksum cost little to compute but much to compute *each step*: a loss's
+``.item()`` waits for the device (a CUDA sync per step), and a batch's checksum is a few small
+operations whose fixed cost (dispatch, cold caches) is many times their arithmetic. With
+``flush_every=N`` the recorder keeps, per step, only references: the loss as a detached 0-d tensor,
+the batch's CPU tensors as they are (with their version counters), the batch checksums of device
+tensors as 0-d tensors already computed on the device (no sync). Every ``N`` steps it turns them
+into numbers at once: one transfer for all the scalars, one matrix-vector product for all the batches
+of one shape. Parameters and gradients are never deferred: they change with the next step.
+
+A CPU batch tensor changed in place between its step and the flush (its version counter moved: a
+loader that refills one buffer) cannot be checksummed any more; the record then carries no ``batch``
+and says so in ``batch_unknown``, rather than a wrong checksum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Bytes of CPU batch tensors held between flushes at most; past it, the pending records are flushed.
+HELD_LIMIT = 64 << 20
+_PATHS = tuple(f"[{i}]" for i in range(16))
+
+
+@dataclass(slots=True)
+class Pending:
+    """One step's record before its flush: the known fields in ``rec``, the rest as references."""
+
+    rec: dict[str, Any]
+    scalars: dict[str, Any] = field(default_factory=dict)
+    """Field name -> a 0-d tensor (``loss``, ``grad_norm``) turned into a float at the flush."""
+    leaves: list[tuple[str, Any, int]] | None = None
+    """The batch's leaves as ``(path, tensor, version)`` (CPU tensors, read at the flush)."""
+    device_sums: list[tuple[str, Any]] | None = None
+    """The batch's leaves as ``(path, 0-d checksum tensor)`` computed on their device."""
+    held_bytes: int = 0
+
+
+def deferrable_scalar(value: Any) -> bool:
+    """A one-element tensor: kept as a reference, read at the flush."""
+    return hasattr(value, "detach") and hasattr(value, "numel") and value.numel() == 1
+
+
+def capture_batch(batch: Any, pending: Pending) -> bool:
+    """Keep the batch in ``pending`` for the flush; False when it is not a batch of tensors only (then the
+    caller checksums it now). Per leaf only what cannot wait: is it on the CPU, its version, its size."""
+    import torch
+
+    from .fingerprint import _leaves, _tensor_sum
+
+    tensor = torch.Tensor
+    items: Any
+    if isinstance(batch, tensor):
+        items = (("", batch),)
+    elif type(batch) in (tuple, list) and 0 < len(batch) <= len(_PATHS):
+        items = zip(_PATHS, batch)  # the usual (inputs, targets): what _leaves would say, quicker
+    else:
+        items = []
+        _leaves(batch, "", items)
+    kept: list[tuple[str, Any, int]] = []
+    held = 0
+    on_device = False
+    for path, v in items:
+        if not isinstance(v, tensor):
+            return False  # numbers, strings, arrays among the leaves: checksummed now, as they are
+        on_device = on_device or not v.is_cpu
+        kept.append((path, v.detach() if v.requires_grad else v, v._version))
+        held += v.nbytes
+    if not kept:
+        return False
+    if not on_device:
+        pending.leaves, pending.held_bytes = kept, held
+        return True
+    # on a device: the checksums are launched now (asynchronous, nothing waits) and read at the flush
+    pending.device_sums = [(path, _tensor_sum(v)) for path, v, _ in kept]
+    return True
+
+
+def _read_scalars(items: list[Any]) -> list[float]:
+    """Floats of 0-d tensors, one transfer per (device, dtype) group."""
+    import torch
+
+    out: list[float] = [0.0] * len(items)
+    groups: dict[tuple[Any, Any, Any], list[int]] = {}
+    for i, t in enumerate(items):
+        groups.setdefault((t.device, t.dtype, t.shape), []).append(i)
+    for idx in groups.values():
+        values = torch.stack([items[i] for i in idx]).reshape(-1).tolist()
+        for i, v in zip(idx, values):
+            out[i] = float(v)
+    return out
+
+
+def _cpu_sums(rows: list[Any]) -> list[float]:
+    """Position-weighted float64 sums of CPU tensors of one shape and dtype: one ``stack``, then one
+    matrix-vector product through numpy (torch when numpy cannot take the dtype: bfloat16)."""
+    import torch
+
+    from .fingerprint import _np_weights, _position_weights
+
+    n = int(rows[0].numel())
+    matrix = torch.stack(rows).reshape(len(rows), n)
+    try:
+        import numpy as np
+
+        return (matrix.numpy().astype(np.float64, copy=False) @ _np_weights(n)).tolist()
+    except (ImportError, TypeError, RuntimeError, ValueError):
+        matrix64 = matrix.to(torch.float64)
+        return [float(v) for v in (matrix64 @ _position_weights(n, matrix64.device)).tolist()]
+
+
+def finish(pending: list[Pending]) -> list[dict[str, Any]]:
+    """The records of ``pending``, their deferred fields filled in, in order."""
+    from .fingerprint import _tensor_sum
+
+    scalar_refs: list[tuple[int, str, Any]] = []
+    for i, p in enumerate(pending):
+        p.rec["t"] = round(p.rec["t"], 3)
+        scalar_refs += [(i, name, t) for name, t in p.scalars.items()]
+        if p.device_sums:
+            scalar_refs += [(i, f"batch:{path}", t) for path, t in p.device_sums]
+    values = _read_scalars([t for _, _, t in scalar_refs]) if scalar_refs else []
+    batch_values: dict[int, dict[str, float]] = {}
+    for (i, name, _), v in zip(scalar_refs, values):
+        if name.startswith("batch:"):
+            batch_values.setdefault(i, {})[name[6:]] = v
+        else:
+            pending[i].rec[name] = v
+    # CPU leaves: grouped by (shape, dtype) over all pending steps, one product per group
+    groups: dict[tuple[Any, Any], list[tuple[int, str, Any]]] = {}
+    for i, p in enumerate(pending):
+        if p.leaves is None:
+            continue
+        if any(t._version != version for _, t, version in p.leaves):
+            p.rec["batch_unknown"] = "a batch tensor was changed in place before its checksum was read"
+            continue
+        for path, t, _ in p.leaves:
+            groups.setdefault((t.shape, t.dtype), []).append((i, path, t))
+    for (shape, dtype), members in groups.items():
+        if dtype.is_complex or 0 in shape:  # rare: one by one, as fingerprint_batch does
+            sums = [float(_tensor_sum(t).item()) for _, _, t in members]
+        else:
+            sums = _cpu_sums([t for _, _, t in members])
+        for (i, path, _), v in zip(members, sums):
+            batch_values.setdefault(i, {})[path] = v
+    for i, p in enumerate(pending):
+        if i in batch_values and "batch_unknown" not in p.rec:
+            got = batch_values[i]
+            order = [path for path, _, _ in p.leaves] if p.leaves else [path for path, _ in p.device_sums or []]
+            p.rec["batch"] = got[""] if order == [""] else ";".join(f"{path}={got[path]!r}" for path in order)
+    return [p.rec for p in pending]

@@ -6,13 +6,17 @@ Quoted torch error texts were produced on torch 2.13 (tests/fixtures/dist/torch_
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from ..facts import Facts
 from ..model import Evidence, Severity
 from ..options import CheckOptions
 from ..registry import Code, Hit, register
+from . import PREFLIGHT_VARIANTS
 from ._util import ev
+from .log_dist import OMPI_MAPPING
+from .log_dist import TD405 as _TD405_LOG
 
 ENV_REQUIRED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 RANKISH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
@@ -83,8 +87,7 @@ def _launcher_ranks(facts: Facts) -> dict[str, Any] | None:
             "local": "OMPI_COMM_WORLD_LOCAL_RANK",
             "local_size": "OMPI_COMM_WORLD_LOCAL_SIZE",
             "job": "mpirun",
-            "mapping": "mpirun -np N -x MASTER_ADDR -x MASTER_PORT bash -c 'RANK=$OMPI_COMM_WORLD_RANK "
-            "WORLD_SIZE=$OMPI_COMM_WORLD_SIZE LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK exec python train.py'",
+            "mapping": OMPI_MAPPING,
             "launch": "mpirun -np <nodes> --map-by ppr:1:node torchrun --nnodes=<nodes> --nproc-per-node=<GPUs> "
             "--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT train.py",
         }
@@ -358,27 +361,14 @@ def _check_mismatch(facts: Facts, opts: CheckOptions) -> Iterator[Hit]:
     )
 
 
-TD405 = register(
-    Code(
-        code="TD405",
-        name="dist-launcher-mismatch",
-        family="dist-env",
-        severity=Severity.ERROR,
-        area="distributed",
-        title="torch's rank variables disagree with the launcher's",
-        message="{diffs} in this {launcher} task: two tasks may claim the same rank, or the world size differs from the "
-        "number of processes started, and the rendezvous hangs.{hint}",
-        fix="Derive the variables from the launcher inside each task, not once in the batch script: `{mapping}`; or use "
-        "torchrun, which numbers ranks itself.",
-        meaning="When a launcher starts one training process per task, torch's RANK, WORLD_SIZE and LOCAL_RANK must be "
-        "the launcher's task numbers; different values mean the mapping was computed in the wrong place.",
-        why="Variables exported in an sbatch script are evaluated once, on the first node, before srun starts the tasks; "
-        "a hard-coded WORLD_SIZE no longer matches after --ntasks or --nodes changed.",
-        false_positives="Under torchrun (TORCHELASTIC_RUN_ID set) ranks are torchrun's and the check is skipped; a task "
-        "that spawns several ranks itself (WORLD_SIZE a multiple of the task count) is not compared.",
-        related=("TD404", "TD403"),
-        check=_check_mismatch,
-    )
+PREFLIGHT_VARIANTS["TD405"] = replace(
+    _TD405_LOG,
+    message="{diffs} in this {launcher} task: two tasks may claim the same rank, or the world size differs from the "
+    "number of processes started, and the rendezvous hangs.{hint}",
+    fix="Derive the variables from the launcher inside each task, not once in the batch script: `{mapping}`; or use "
+    "torchrun, which numbers ranks itself.",
+    check=_check_mismatch,
+    signatures=(),
 )
 
 

@@ -739,6 +739,47 @@ TD465 = register(
     )
 )
 
+OMPI_MAPPING = (
+    "mpirun -np N -x MASTER_ADDR -x MASTER_PORT bash -c 'RANK=$OMPI_COMM_WORLD_RANK "
+    "WORLD_SIZE=$OMPI_COMM_WORLD_SIZE LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK exec python train.py'"
+)
+"""Open MPI's task numbers as torch's rank variables, expanded inside each task (TD405's fix)."""
+
+TD405 = register(
+    Code(
+        code="TD405",
+        name="dist-launcher-mismatch",
+        family="dist-env",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="torch's rank variables disagree with the launcher's",
+        message="{diffs}: the {launcher} launcher and torch count a different number of processes (or give them "
+        "different ranks), so the world the job was started with is not the world torch initialised.",
+        fix="Start exactly WORLD_SIZE processes and let one side number them: under mpirun, derive torch's variables "
+        "from the task inside each task (`{mapping}`) or let DeepSpeed discover them (`deepspeed.init_distributed("
+        "auto_mpi_discovery=True)`) without also setting WORLD_SIZE by hand; under torchrun or Lightning, do not wrap "
+        "the job in mpirun as well.",
+        meaning="When a launcher starts one training process per task, torch's RANK, WORLD_SIZE and LOCAL_RANK must be "
+        "the launcher's task numbers; different values mean the mapping was computed in the wrong place.",
+        why="Variables exported in an sbatch script are evaluated once, on the first node, before srun starts the tasks; "
+        "a hard-coded WORLD_SIZE no longer matches after --ntasks or --nodes changed; a framework that starts its own "
+        "processes (Lightning, torchrun) run under mpirun, or mpirun started with a different -np than the torch "
+        "world size (DeepSpeed's MPI discovery asserts they agree).",
+        false_positives="Under torchrun (TORCHELASTIC_RUN_ID set) ranks are torchrun's and the check is skipped; a task "
+        "that spawns several ranks itself (WORLD_SIZE a multiple of the task count) is not compared.",
+        related=("TD404", "TD403"),
+        signatures=(
+            Signature(  # DeepSpeed's MPI discovery: assert world_size == ..., "MPI world size {} does not match ..."
+                role=Role.ROOT_CAUSE,
+                triggers=("does not match torch world size",),
+                pattern=r"(?P<diffs>MPI world size \d+ does not match torch world size \d+)",
+                values={"launcher": "MPI", "hint": "", "mapping": OMPI_MAPPING},
+                confidence=0.85,
+            ),
+        ),
+    )
+)
+
 TD466 = register(
     Code(
         code="TD466",

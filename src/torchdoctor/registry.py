@@ -80,6 +80,9 @@ class Code:
     signatures: tuple[Signature, ...] = ()
     """How this failure shows up in logs (``torchdoctor explain``)."""
     status: Literal["stable", "experimental", "retired"] = "stable"
+    cause_follows: int = 0
+    """For a wrapper error that prints its cause on the next lines (NCCL's ``Last error:`` block): how many
+    lines. A more specific root cause recognised there leads instead of this code (``explain``)."""
 
     def placeholders(self) -> set[str]:
         names: set[str] = set()

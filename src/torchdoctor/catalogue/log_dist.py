@@ -504,6 +504,20 @@ TD456 = register(
                 values={"aspects": "see the fingerprints", "other": "?", "other_op": "another collective"},
                 confidence=0.95,
             ),
+            Signature(  # NCCL 2.4-2.6's own check (init.cc/init.cu): "Mismatched collective detected, please check ..."
+                role=Role.ROOT_CAUSE,
+                triggers=("Mismatched collective detected",),
+                pattern=r"Mismatched collective detected, please check your collective calls at and around rank "
+                r"(?P<rank>\d+)",
+                exclude=(r"NET/IB ?: .*collective mismatch error",),
+                values={
+                    "op": "a collective that did not match its neighbours'",
+                    "other": "?",
+                    "other_op": "another",
+                    "aspects": "NCCL's own check; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL lists each rank's calls",
+                },
+                confidence=0.75,
+            ),
             Signature(  # prose: "all_gather of variable-length tensors blocks"
                 role=Role.SYMPTOM,
                 triggers=("all_gather",),

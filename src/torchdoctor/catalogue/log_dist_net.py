@@ -1,4 +1,4 @@
-"""TD460-TD469: ranks that cannot find or reach each other after the rendezvous (``explain``).
+"""TD460-TD462, TD478: ranks that cannot find or reach each other after the rendezvous (``explain``).
 
 The store rendezvous (TD451-TD453 in ``log_dist.py``) only exchanges addresses; gloo then binds to the
 address its host name resolves to (or to ``GLOO_SOCKET_IFNAME``) and every pair of ranks connects
@@ -48,6 +48,39 @@ TD460 = register(
                 triggers=("Unable to find address for", "Unable to find interface for"),
                 pattern=r"Unable to find (?P<kind>address|interface) for: (?P<name>\S+)",
                 confidence=0.85,
+            ),
+        ),
+    )
+)
+
+TD478 = register(
+    Code(
+        code="TD478",
+        name="nccl-bootstrap-no-interface",
+        family="dist-connect",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="NCCL found no network interface to bootstrap over (NCCL_SOCKET_IFNAME)",
+        message="NCCL found no usable socket interface for its bootstrap, so the ranks cannot exchange their "
+        "addresses: NCCL_SOCKET_IFNAME names an interface this node does not have, or no interface is up.",
+        fix="On every node list the interfaces (`ip -br addr`) and set `NCCL_SOCKET_IFNAME` to the one the nodes reach "
+        "each other over; when the nodes name it differently, give a prefix or a list (`NCCL_SOCKET_IFNAME=enp`, "
+        "`NCCL_SOCKET_IFNAME=enp6s0,enp4s0`); or unset it to let NCCL choose. Containers see their own interfaces "
+        "(`eth0` in a pod, the host's with `--network=host`).",
+        meaning="NCCL's bootstrap (the out-of-band socket ranks use to exchange connection details before any "
+        "collective) binds to the interfaces NCCL_SOCKET_IFNAME selects, or to the first usable non-loopback, "
+        "non-docker one; none matched.",
+        why="A launch script that hard-codes `NCCL_SOCKET_IFNAME=eth0` / `ib0` / `bond0` on machines whose interfaces "
+        "have other names, nodes whose NICs are named differently, a container or pod without the expected network "
+        "attachment, or a machine with only loopback.",
+        false_positives="None known.",
+        related=("TD460", "TD480", "TD481", "TD411"),
+        signatures=(
+            Signature(  # NCCL bootstrap.cc: WARN("Bootstrap : no socket interface found"), also the 'Last error:' line
+                role=Role.ROOT_CAUSE,
+                triggers=("no socket interface found",),
+                pattern=r"Bootstrap ?: no (?:NCCL_SOCKET_IFNAME )?socket interface found",
+                confidence=0.9,
             ),
         ),
     )

@@ -16,6 +16,9 @@ from ..registry import Code, register
 from ..signature import Role, Signature
 
 _NOT_PRINTED = "version not printed on this line"
+LAST_ERROR_LINES = 6
+"""Lines after torch's "NCCL error ..." in which NCCL's own reason follows (``ncclXxxError: ...``, ``Last error:``,
+the reason): :attr:`torchdoctor.registry.Code.cause_follows` of the wrapper codes."""
 
 
 def _nccl_error(result: str) -> str:
@@ -56,19 +59,20 @@ TD480 = register(
         "InfiniBand devices that are present but unusable, or memory-lock limits (ulimit -l) for RDMA.",
         false_positives="None for the message; the cause needs the NCCL WARN lines.",
         related=("TD486", "TD483", "TD411", "TD103"),
+        cause_follows=LAST_ERROR_LINES,
         signatures=(
-            Signature(
+            Signature(  # not a sure answer: the cause (network, /dev/shm, InfiniBand) is in the lines around it
                 role=Role.ROOT_CAUSE,
                 triggers=("unhandled system error",),
                 pattern=_nccl_error("unhandled system error"),
-                confidence=0.85,
+                confidence=0.75,
                 values={"nccl_version": _NOT_PRINTED},
             ),
             Signature(
                 role=Role.ROOT_CAUSE,
                 triggers=("ncclSystemError",),
                 pattern=r"ncclSystemError: System call",
-                confidence=0.8,
+                confidence=0.75,
                 values={"nccl_version": _NOT_PRINTED},
             ),
         ),
@@ -94,6 +98,7 @@ TD481 = register(
         "rarely a real NCCL bug or memory corruption.",
         false_positives="None for the message itself.",
         related=("TD482", "TD480", "TD490"),
+        cause_follows=LAST_ERROR_LINES,
         signatures=(
             Signature(
                 role=Role.ROOT_CAUSE,
@@ -217,6 +222,7 @@ TD484 = register(
         false_positives="After an earlier CUDA error in the same process (e.g. an illegal memory access), every later "
         "CUDA call fails too; the first error is the cause.",
         related=("TD485", "TD351", "TD310"),
+        cause_follows=LAST_ERROR_LINES,
         signatures=(
             Signature(
                 role=Role.ROOT_CAUSE,

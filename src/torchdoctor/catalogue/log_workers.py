@@ -240,7 +240,9 @@ TD566 = register(
         "thread pools and clients after the loader has started its workers, or start workers with "
         '`multiprocessing_context="spawn"` (also the fix when GNU OpenMP refuses the fork: OpenMP-parallel code, '
         "numba or torch CPU ops, already ran in the main process). Keep worker-side libraries single-threaded (`torch.set_num_threads(1)` "
-        "in `worker_init_fn`).",
+        "in `worker_init_fn`). CUDA cannot be used at all in a forked worker: return CPU tensors from `__getitem__`, "
+        "transforms and `collate_fn`, and move the batch to the GPU in the training loop (`pin_memory=True` "
+        "speeds the copy), or use `multiprocessing_context=\"spawn\"`.",
         meaning="fork copies the parent's memory, open descriptors and the state of locks, but not its threads: a lock "
         "held by another thread stays locked forever in the child, a thread pool's threads are missing, and a "
         "file handle (HDF5) shared by several processes corrupts its reads. The worker then segfaults, raises "
@@ -259,6 +261,30 @@ TD566 = register(
                 values={
                     "how": "libgomp ended a forked worker: 'fork() called from a process already using GNU OpenMP'"
                 },
+            ),
+            Signature(  # torch/cuda/__init__.py _lazy_init, in a forked child of a process that had initialised CUDA
+                role=Role.ROOT_CAUSE,
+                triggers=("Cannot re-initialize CUDA in forked subprocess",),
+                pattern=r"Cannot re-initialize CUDA in forked subprocess",
+                confidence=0.85,
+                values={"how": "CUDA used in a forked worker: 'Cannot re-initialize CUDA in forked subprocess'"},
+            ),
+            Signature(  # the same in torch < 1.2 or from the driver: cudaErrorInitializationError (3) in a worker's frames
+                role=Role.ROOT_CAUSE,
+                triggers=("initialization error",),
+                pattern=r"CUDA error(?: \(3\))?: initialization error",
+                context=("_worker_loop", "DataLoader worker process"),
+                confidence=0.8,
+                values={"how": "CUDA used in a forked DataLoader worker: 'CUDA error: initialization error'"},
+            ),
+            Signature(
+                role=Role.SYMPTOM,
+                triggers=_LOADER_WORDS,
+                pattern=r"(?i)(?:CUDA error(?: \(3\))?: initialization error|re-initialize CUDA).{0,120}\b"
+                r"(?:data ?loader|num[_-]?workers?)",
+                confidence=0.6,
+                values={"how": "a CUDA initialization error with num_workers > 0"},
+                confirm=_FORK_CONFIRM,
             ),
             # Two-part prose: each signature's triggers are the part its pattern ends with, so a line cut short
             # (Signature.match's cut form) never matches on its first part alone.

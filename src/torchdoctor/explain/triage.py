@@ -7,6 +7,8 @@ Rules, in order:
    candidate's first event has a time of the same kind (timestamps carried forward per rank),
    otherwise reading order (file order, then line). Root causes below :data:`WEAK` confidence only
    win when there is no stronger one.
+   A wrapper error whose reason follows it (``Code.cause_follows``: NCCL's "unhandled system error" then
+   "Last error: ...") yields the lead to a more specific root cause recognised in those lines.
 3. Cascades never become the root cause while one exists; they are attached to it
    (``explained_by``). Without a root cause the earliest cascade leads, with a note to look for
    the rank that failed first.
@@ -84,6 +86,24 @@ def _boost(confidence: float, support: float) -> float:
     return min(0.99, 1 - (1 - confidence) * (1 - support))
 
 
+def _cause_that_follows(chosen: Group, strong: list[Group], codes: dict[str, Code]) -> Group:
+    """Rule 2b: a wrapper error (``Code.cause_follows``: NCCL's 'unhandled system error') gives the lead to a more
+    specific root cause recognised in the lines printed right after it (its 'Last error:' reason)."""
+    window = codes[chosen.code].cause_follows
+    if not window:
+        return chosen
+    src, line = chosen.first.seq
+    after = [
+        g
+        for g in strong
+        if g is not chosen
+        and not codes[g.code].cause_follows
+        and g.first.seq[0] == src
+        and 0 < g.first.seq[1] - line <= window
+    ]
+    return min(after, key=lambda g: g.first.seq) if after else chosen
+
+
 def _diagnosis(g: Group, code: Code, first: Event) -> Diagnosis:
     # a value the log does not show (a placeholder, a cut line) is said to be unknown, never left as {name}
     unknown = dict.fromkeys(code.placeholders(), "?")
@@ -136,16 +156,24 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     strong = [g for g in roots if g.confidence >= WEAK] or roots
     by_time = bool(strong) and _uses_time(strong)
     chosen = min(strong, key=_order_key(strong)) if strong else None
+    wrapped = chosen
+    chosen = _cause_that_follows(chosen, strong, codes) if chosen is not None else None
 
     diagnoses: list[Diagnosis] = []
     root_diag: Diagnosis | None = None
     if chosen is not None:
         root_diag = _diagnosis(chosen, codes[chosen.code], _first_event(chosen, by_time))
+        if wrapped is not chosen and wrapped is not None:
+            root_diag.notes.append(f"the reason printed with {wrapped.code}'s error, which names no cause itself")
         diagnoses.append(root_diag)
     other_roots = sorted((g for g in roots if g is not chosen), key=lambda g: g.first.seq)
     diagnoses += [_diagnosis(g, codes[g.code], g.first) for g in other_roots]
     for d in diagnoses[1:]:
-        d.notes.append(f"seen after the root cause {root_diag.code}" if root_diag else "")
+        if root_diag is not None and wrapped is not None and wrapped is not chosen and d.code == wrapped.code:
+            d.explained_by = root_diag.code
+            d.notes.append(f"the error that printed {root_diag.code}'s reason")
+        else:
+            d.notes.append(f"seen after the root cause {root_diag.code}" if root_diag else "")
 
     cascades = sorted(by_role["cascade"], key=_order_key(by_role["cascade"])) if by_role["cascade"] else []
     for g in cascades:

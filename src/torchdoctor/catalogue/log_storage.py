@@ -171,6 +171,13 @@ TD653 = register(
                 values={"where": ""},
                 confidence=0.75,
             ),
+            Signature(  # Windows: ERROR_ACCESS_DENIED, in the system's language
+                role=Role.ROOT_CAUSE,
+                triggers=("[WinError 5]",),
+                pattern=r"PermissionError: \[WinError 5\] (?:Access is denied|拒绝访问|Zugriff verweigert|Accès refusé)",
+                values={"where": " (Windows: access denied)"},
+                confidence=0.7,
+            ),
         ),
     )
 )
@@ -218,6 +225,13 @@ TD654 = register(
                 pattern=r"write\(\): fd (?P<fd>\d+) failed with (?P<strerror>Disk quota exceeded)",
                 values={"errno": "122"},
                 confidence=0.9,
+            ),
+            Signature(  # Python's tempfile tried every candidate directory and could write in none: nearly always full
+                role=Role.ROOT_CAUSE,
+                triggers=("No usable temporary directory found",),
+                pattern=r"(?P<strerror>No usable temporary directory found)(?: in \[)?",
+                values={"errno": "2 from tempfile, after every temporary directory refused a file"},
+                confidence=0.7,
             ),
         ),
     )
@@ -279,7 +293,7 @@ TD656 = register(
         severity=Severity.ERROR,
         area="storage",
         title="torch.load found a truncated or corrupted checkpoint",
-        message="torch.load could not read the checkpoint ({reason}): the file is incomplete or damaged, typically a "
+        message="Loading the checkpoint failed ({reason}): the file is incomplete or damaged, typically a "
         "save that was interrupted (disk full, job killed) or a copy/download that did not finish.",
         fix="Compare the file size with a good checkpoint (`ls -l`), resume from an earlier checkpoint or download it "
         "again; to stop it recurring, " + _ATOMIC + ", check free space before saving, and when several ranks run "
@@ -291,7 +305,9 @@ TD656 = register(
         why="The process saving it died or ran out of space half-way and the path already held the new, partial file; "
         "two ranks wrote the same path; an interrupted copy or download.",
         false_positives="A file that is not a torch checkpoint at all (an HTML error page saved as .pt, a Git LFS pointer) "
-        "gives the same message.",
+        "gives the same message; for a .safetensors file that is what HeaderTooLarge almost always means (`head -c 200 "
+        "FILE` shows `version https://git-lfs...` or HTML: fetch the real file with `git lfs pull` or download it "
+        "again).",
         related=("TD655", "TD654", "TD660"),
         signatures=(
             Signature(
@@ -315,6 +331,14 @@ TD656 = register(
                 pattern=r"unexpected EOF(?:, expected (?P<missing>\d+) more bytes)?\. The file might be corrupted",
                 values={"reason": "unexpected end of file: storage data missing"},
                 confidence=0.9,
+            ),
+            Signature(  # safetensors: the first 8 bytes (the header's length) are not a safetensors header: a Git LFS
+                # pointer, an HTML page or a cut download. safetensors >= 0.6 says "header too large" for a real one
+                role=Role.ROOT_CAUSE,
+                triggers=("Error while deserializing header",),
+                pattern=r"Error while deserializing header: (?P<reason>HeaderTooLarge|MetadataIncompleteBuffer|"
+                r"InvalidHeaderDeserialization)",
+                confidence=0.8,
             ),
         ),
     )

@@ -1,4 +1,4 @@
-"""TD657, TD659-TD663: several processes writing one file or directory, as it shows up in logs.
+"""TD657, TD659-TD664: several processes writing one file or directory, as it shows up in logs.
 
 Concurrent writers leave no error of their own; these codes recognise what the *readers* of the
 damaged file, or the losers of a rename or delete race, print.
@@ -361,6 +361,80 @@ TD663 = register(
                 confidence=0.45,
                 confirm="Check whether several processes run the directory-creating code (DDP ranks, spawned workers): "
                 "`os.makedirs` without `exist_ok=True` after an existence check then races.",
+            ),
+        ),
+    )
+)
+
+_WRITE_VERB = (
+    r"(?:sav(?:e|es|ed|ing)|writ(?:e|es|ing|ten)|wrote|overwrit\w*|log(?:s|ged|ging)?|append(?:s|ed|ing)?|"
+    r"dump(?:s|ed|ing)?)"
+)
+_WRITE_TRIGGERS = ("save", "Save", "saving", "writ", "Writ", "wrote", "log", "Log", "append", "dump")
+_SEVERAL = (
+    r"(?:every|each|all(?: the)?|both|multiple|several|different|many|two)\s+"
+    r"(?:ranks?|process(?:es|ors?)?|gpus?|nodes?|workers?|devices?|machines?)\b"
+)
+_SEVERAL_TRIGGERS = (
+    "rank", "Rank", "process", "Process", "GPU", "gpu", "node", "Node", "worker", "Worker", "device", "machine",
+)
+_SAME_PLACE = r"(?:the\s+)?same\s+(?:file|path|location|checkpoint|directory|folder|dir|log|name|file ?name)\b"
+_PER_RANK_FILES = r"(?i)\bshard|\brank ?\{|\{rank\}|per[- ]rank\b"
+"""Files every rank writes by design (FSDP / distributed-checkpoint shards, names with the rank in them)."""
+_WHO_WRITES = (
+    "Print the rank (`dist.get_rank()`, `trainer.global_rank`) next to the code that writes the file: every rank "
+    "printing it confirms it; the file holding each line several times, or a checkpoint that loads on some runs "
+    "and not others, does too."
+)
+
+TD664 = register(
+    Code(
+        code="TD664",
+        name="ranks-write-one-path",
+        family="concurrent-write",
+        severity=Severity.WARNING,
+        area="storage",
+        title="every rank (or worker) writes the same file: a report that describes it",
+        message="The report describes several processes writing one path ({how}): their writes interleave or replace "
+        "each other, so the file can come out mangled, truncated, or half one rank's and half another's, and only on "
+        "some runs.",
+        fix=_ONE_WRITER + " For logs every rank appends to, give each rank its own file or append whole lines with "
+        "`torchdoctor.RankFile`; save checkpoints atomically: " + _ATOMIC + ".",
+        meaning="Under DDP every rank runs the same script, so code that saves, logs or caches without asking for the "
+        "rank runs N times at once on the same path. The file system keeps no order between them.",
+        why="`torch.save` / `save_pretrained` / a logger's file handler / a cache writer not guarded by "
+        "`if rank == 0`; `local_rank == 0` used as the guard on a multi-node run (one writer per node on a "
+        "shared file system).",
+        false_positives="Each rank writing its own file (the fix) reads the same in prose; so does a report of one "
+        "process saving several files.",
+        related=("TD660", "TD662", "TD657", "TD663"),
+        signatures=(
+            Signature(  # "every processor(GPU) would save an checkpoint", "runs on different ranks and write ..."
+                role=Role.SYMPTOM,
+                triggers=_WRITE_TRIGGERS,
+                pattern=r"(?i)\b" + _SEVERAL + r"(?:\([^)\n]{0,20}\))?" + _gap(60, _WRITE_VERB) + r"\b" + _WRITE_VERB
+                + r"\b",
+                exclude=(r"(?i)\b(?:its|their) own\b", r"(?i)\bsav(?:e|es|ed|ing) (?:memory|time)\b", _PER_RANK_FILES),
+                values={"how": "several processes saving or writing"},
+                confidence=0.5,
+                confirm=_WHO_WRITES,
+            ),
+            Signature(  # "... will save their checkpoints with same file name", "writing to the same location"
+                role=Role.SYMPTOM,
+                triggers=("same",),
+                pattern=r"(?i)\b" + _WRITE_VERB + r"\b" + _gap(60, r"(?i:same)") + r"\b" + _SAME_PLACE,
+                values={"how": "processes writing the same path"},
+                confidence=0.55,
+                confirm=_WHO_WRITES,
+            ),
+            Signature(  # "saved by every rank", "written from all processes"
+                role=Role.SYMPTOM,
+                triggers=_SEVERAL_TRIGGERS,
+                pattern=r"(?i)\b" + _WRITE_VERB + r"\s+(?:\w+\s+){0,3}?(?:by|from|on|in)\s+" + _SEVERAL,
+                exclude=(r"(?i)\b(?:its|their) own\b", _PER_RANK_FILES),
+                values={"how": "a file written by several processes"},
+                confidence=0.5,
+                confirm=_WHO_WRITES,
             ),
         ),
     )

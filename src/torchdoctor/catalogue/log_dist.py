@@ -105,6 +105,11 @@ TD450 = register(
     )
 )
 
+_PORT_CONFIRM = (
+    "On rank 0's host, `ss -ltnp 'sport = :PORT'` for MASTER_PORT (29500 by default) while the run starts: a "
+    "listener there (often another training run) confirms it."
+)
+
 TD451 = register(
     Code(
         code="TD451",
@@ -160,8 +165,20 @@ TD451 = register(
                 ),
                 values={"port": "$MASTER_PORT"},
                 confidence=0.65,
-                confirm="On rank 0's host, `ss -ltnp 'sport = :PORT'` for MASTER_PORT (29500 by default) while the run "
-                "starts: a listener there (often another training run) confirms it.",
+                confirm=_PORT_CONFIRM,
+            ),
+            Signature(  # prose: "the master port used repeatedly", "port is blocked by another service", "29500 端口产生了碰撞"
+                role=Role.SYMPTOM,
+                triggers=("repeatedly", "blocked", "conflict", "collision", "clash", "碰撞", "冲突", "占用", "无法", "cannot",
+                          "can't", "can not", "unable to"),
+                pattern=r"(?i)(?:\b(?:master[_ ]?port|port)\b|29500|端口)[^.\n。]{0,40}?(?:used repeatedly|\bblocked\b|"
+                r"\bconflict|\bcollision|\bclash|碰撞|冲突|被占用|占用|(?:cannot|can't|can not|unable to|无法)\s*(?:同时)?"
+                r"\s*(?:run|start|launch|运行|启动)\s*(?:multiple|two|another|a second|多个|两个|第二个))",
+                exclude=(r"(?i)tensorboard|jupyter|gradio|streamlit|flask|uvicorn|http server|webui|firewall|iptables|"
+                r"security group",),
+                values={"port": "$MASTER_PORT"},
+                confidence=0.6,
+                confirm=_PORT_CONFIRM,
             ),
         ),
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..model import Severity
 from ..registry import Code, register
-from ..signature import Role, Signature
+from ..signature import SYMPTOM_MAX, Role, Signature
 
 _NOT_PRINTED = "version not printed on this line"
 LAST_ERROR_LINES = 6
@@ -527,6 +527,12 @@ _P2P_CONFIRM = (
     "(`nvidia-smi topo -m`, CUDA's `p2pBandwidthLatencyTest`)."
 )
 
+_GLOO_CONFIRM = (
+    "Run the same script once with `backend=\"gloo\"` and once with NCCL and `NCCL_DEBUG=INFO`: gloo finishing where NCCL "
+    "stops rules out the application's collectives; then `NCCL_P2P_DISABLE=1` (and `NCCL_SHM_DISABLE=1`, "
+    "`NCCL_IB_DISABLE=1`) one at a time names the transport."
+)
+
 TD498 = register(
     Code(
         code="TD498",
@@ -575,6 +581,23 @@ TD498 = register(
                 pattern=rf"(?i)\b(?:NCCL|all_?reduce)\b[^\n]{{0,60}}\b{_HANG}\b",
                 confidence=0.45,
                 confirm=_P2P_CONFIRM,
+            ),
+            # the same program runs with gloo and stops with NCCL: not the application's collectives, NCCL's transport
+            Signature(  # "hangs with 4 gpus with backend="NCCL" but not "gloo"", "stuck with `nccl`, but works with `gloo`"
+                role=Role.SYMPTOM,
+                triggers=("gloo", "Gloo", "GLOO"),
+                pattern=r"(?i)\bnccl\b[^\n]{0,80}?\b(?:but|while|whereas)\s+(?:not\s+|it\s+)?(?:(?:works?|runs?|is)\s+"
+                r"(?:fine\s+|ok\s+|well\s+)?)?(?:with\s+|using\s+|on\s+)?(?:the\s+)?(?:backend\s*=?\s*)?[`\"']{0,2}gloo\b",
+                confidence=SYMPTOM_MAX,  # the comparison rules out the application's collectives
+                confirm=_GLOO_CONFIRM,
+            ),
+            Signature(  # "gloo backend works, but nccl deadlock"
+                role=Role.SYMPTOM,
+                triggers=("nccl", "NCCL", "Nccl"),
+                pattern=r"(?i)\bgloo\b[^\n]{0,40}?\b(?:works?|worked|runs?|is fine|fine)\b[^\n]{0,20}?\bbut\b[^\n]{0,30}?"
+                r"\bnccl\b",
+                confidence=SYMPTOM_MAX,  # the comparison rules out the application's collectives
+                confirm=_GLOO_CONFIRM,
             ),
             Signature(
                 role=Role.SYMPTOM,

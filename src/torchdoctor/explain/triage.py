@@ -274,6 +274,9 @@ def _hypotheses(groups: list[Group], codes: dict[str, Code]) -> list[Diagnosis]:
     by_family: dict[str, list[Diagnosis]] = {}
     for d in out:
         by_family.setdefault(d.family, []).append(d)
+    # families tied at the cap are ordered by their single strongest symptom (the most telling sentence)
+    own = {id(d): d.confidence for d in out}
+    strongest = {family: max(d.confidence for d in ds) for family, ds in by_family.items()}
     for family, ds in by_family.items():
         if len(ds) < 2:
             continue
@@ -285,7 +288,9 @@ def _hypotheses(groups: list[Group], codes: dict[str, Code]) -> list[Diagnosis]:
         best.notes.append(f"{len(ds)} symptoms point at {family}: " + ", ".join(d.code for d in ds))
     for d in out:
         d.notes.append("a hypothesis from a symptom: the log does not prove it; check it before acting")
-    return sorted(out, key=lambda d: (-d.confidence, d.evidence[0].line if d.evidence else 0))
+    return sorted(
+        out, key=lambda d: (-d.confidence, -strongest[d.family], -own[id(d)], d.evidence[0].line if d.evidence else 0)
+    )
 
 
 def _log_words(col: Collector) -> str:

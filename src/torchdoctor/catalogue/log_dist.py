@@ -551,6 +551,20 @@ TD456 = register(
                 confidence=0.6,
                 confirm=_SHAPES_CONFIRM,
             ),
+            Signature(  # "all_gather can only be used when tensors in different gpu have the same shape"
+                role=Role.SYMPTOM,
+                triggers=("same shape", "same size", "same length", "same dimension", "Same shape", "Same size"),
+                pattern=r"(?i)\ball_gather\w*\b" + _gap(80, r"(?i:same)") + r"\bsame (?:shape|size|length|dimension)s?\b",
+                values={
+                    "rank": "?",
+                    "op": "all_gather",
+                    "aspects": "tensor shapes",
+                    "other": "?",
+                    "other_op": "all_gather with another shape",
+                },
+                confidence=0.55,
+                confirm=_SHAPES_CONFIRM,
+            ),
             Signature(
                 role=Role.SYMPTOM,
                 triggers=("length", "Length", "size", "Size", "shape", "Shape"),

@@ -386,6 +386,27 @@ TD276 = register(
                 values={"how": "excessive host memory use"},
                 confirm=_OOM_CONFIRM,
             ),
+            Signature(  # "the RAM (16 GBs) is full and so is the SWAP", "RAM fills up", "swap is full"
+                role=Role.SYMPTOM,
+                triggers=("full", "Full", "FULL", "fills up", "filled up", "filling up"),
+                pattern=r"(?i)\b(?:ram|swap|system memory|host memory|cpu memory)\b(?:\s*\([^)\n]{0,20}\))?[^.\n]{0,20}?"
+                r"\b(?:(?:is|are|was|were|gets?|got|becomes?|became|being)\s+(?:completely\s+|almost\s+|nearly\s+|totally\s+)?"
+                r"full\b|fill(?:s|ed|ing)?\s+up\b)",
+                exclude=_NOT_HOST,
+                confidence=0.55,
+                values={"how": "host RAM (or swap) full"},
+                confirm=_OOM_CONFIRM,
+            ),
+            Signature(  # "runs out of RAM", "out of host memory": not a bare "out of memory" (CUDA's words)
+                role=Role.SYMPTOM,
+                triggers=("RAM", "ram", "system memory", "host memory", "CPU memory", "cpu memory", "swap"),
+                pattern=r"(?i)\bout of (?:the\s+)?(?:system\s+|host\s+|cpu\s+|physical\s+)?(?:ram|memory and swap|swap)\b|"
+                r"\bout of (?:system|host|cpu|physical) memory\b",
+                exclude=_NOT_HOST,
+                confidence=0.55,
+                values={"how": "out of host RAM"},
+                confirm=_OOM_CONFIRM,
+            ),
         ),
     )
 )
@@ -542,6 +563,24 @@ TD282 = register(
                 r"(?:cpu )?threads\b|\bnumber of (?:cpu )?threads\b",
                 confidence=0.5,
                 values={"how": "the number of CPU threads is in question"},
+                confirm=_THREAD_CONFIRM,
+            ),
+            Signature(  # "excessive thread creation", "spawns hundreds of threads"
+                role=Role.SYMPTOM,
+                triggers=("threads", "Threads", "thread creation"),
+                pattern=r"(?i)\b(?:too many|excessive|thousands of|hundreds of|huge number of|a lot of)\s+(?:\w+\s+)?threads\b|"
+                r"\bexcessive thread creation\b",
+                confidence=0.5,
+                values={"how": "too many threads"},
+                confirm=_THREAD_CONFIRM,
+            ),
+            Signature(  # "pytorch inference eat all cpu", "uses 100% of all cores"
+                role=Role.SYMPTOM,
+                triggers=("cpu", "CPU", "Cpu", "cores", "Cores"),
+                pattern=r"(?i)\b(?:eat|eats|ate|eating|use|uses|used|using|occup\w+|consum\w+|takes?|took|taking|hog\w*|max\w*)"
+                r"\s+(?:up\s+)?(?:all|every|100\s?%)(?:\s+of)?\s+(?:the\s+|my\s+|available\s+)?(?:cpus?|cores|cpu cores)\b",
+                confidence=0.5,
+                values={"how": "every CPU busy"},
                 confirm=_THREAD_CONFIRM,
             ),
             Signature(

@@ -470,6 +470,16 @@ TD494 = register(
                 confidence=0.6,
                 values={"unused": "parameters without gradient are listed by index"},
             ),
+            Signature(  # a question about the flag: "how to set the find_unused_parameters", "where ... find_unused_parameters?"
+                role=Role.SYMPTOM,
+                triggers=("find_unused_parameters",),
+                pattern=r"(?i)\b(?:how|where)\b[^.\n?]{0,30}\bfind_unused_parameters\b|\bfind_unused_parameters\b[^.\n]{0,40}\?",
+                exclude=(r"Expected to have finished reduction", r"(?i)find_unused_parameters=True was specified"),
+                confidence=0.5,
+                values={"unused": "the report is about parameters without gradients (find_unused_parameters)"},
+                confirm="Rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`: DDP then names the parameters that got no "
+                "gradient; 'Expected to have finished reduction in the prior iteration' confirms it.",
+            ),
         ),
     )
 )

@@ -59,7 +59,7 @@ def test_words_of_no_family_give_no_guess() -> None:
 
 PROSE_CKPT = (
     "When I save the checkpoint with torch.save to the shared directory the file is sometimes corrupted "
-    "and torch.load fails with a zip archive error, several ranks write the same path at the end of each epoch"
+    "and torch.load fails with a zip archive error at the end of each epoch on the cluster"
 )
 """No signature recognises this (no error line, no symptom phrase): only its words speak."""
 

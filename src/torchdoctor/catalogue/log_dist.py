@@ -825,6 +825,64 @@ TD405 = register(
     )
 )
 
+MULTI_NODE = (
+    r"(?i:\bmul?t?i[- ]?nodes?\b|--nnodes[= ]?[2-9]|\bnode[_-]rank\b|\b(?:two|2|three|3|four|4|several|multiple) "
+    r"(?:nodes|machines|servers|hosts)\b|\b(?:second|other) (?:node|machine)s?\b|\bnodes other than\b)"
+)
+"""Words of a run over several machines (where a global rank is not a local GPU index)."""
+_MULTI_NODE_WORDS = ("node", "Node", "NODE", "nnodes", "machines", "servers", "hosts", "machine")
+
+TD479 = register(
+    Code(
+        code="TD479",
+        name="global-rank-as-device",
+        family="dist-env",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="a multi-node run picked its GPU by the global rank, not the local one",
+        message="On a node other than the first, a process asked for a GPU index past the node's GPUs ({evidence}): "
+        "the code indexes devices by the global rank (RANK), which counts across all nodes; the GPU of a "
+        "process is its LOCAL_RANK.",
+        fix="Select the device by the local rank: `torch.cuda.set_device(int(os.environ['LOCAL_RANK']))` (torchrun "
+        "sets it; under Slurm `SLURM_LOCALID`), `device = torch.device('cuda', local_rank)`, or in Accelerate/"
+        "Transformers `accelerator.local_process_index`; never `rank` or `dist.get_rank()` for a device index.",
+        meaning="RANK numbers every process of the job (0 .. WORLD_SIZE-1), LOCAL_RANK only those on one node (0 .. "
+        "GPUs per node - 1). On one node they are equal, so the bug shows only once a second node joins.",
+        why="`torch.cuda.set_device(rank)` or `cuda:{rank}` written and tested on one machine; a library that returns "
+        "the global process index as the device.",
+        false_positives="An invalid device ordinal on a single node is TD356 (more processes than GPUs, a hard-coded "
+        "index).",
+        related=("TD356", "TD450", "TD405"),
+        signatures=(
+            # Each signature's triggers are the words its pattern ends with: a cut line never matches on its first part
+            Signature(  # "Multi-node fine-tuning getting RuntimeError: : CUDA error: invalid device ordinal"
+                role=Role.ROOT_CAUSE,
+                triggers=("invalid device ordinal",),
+                pattern=MULTI_NODE + r"[^\n]{0,160}?invalid device ordinal",
+                values={"evidence": "'invalid device ordinal' on a multi-node run"},
+                confidence=0.85,
+            ),
+            Signature(  # "... CUDA error: invalid device ordinal while using multi node"
+                role=Role.ROOT_CAUSE,
+                triggers=_MULTI_NODE_WORDS,
+                pattern=r"invalid device ordinal[^\n]{0,160}?" + MULTI_NODE,
+                values={"evidence": "'invalid device ordinal' on a multi-node run"},
+                confidence=0.85,
+            ),
+            Signature(  # "should use `local_rank` instead of `rank`"
+                role=Role.SYMPTOM,
+                triggers=("rank", "Rank", "RANK"),
+                pattern=r"(?i)\blocal[_ ]?rank\b[`'\"]?[^.\n]{0,30}\binstead of\b[^.\n]{0,15}\b(?:global[_ ])?rank\b|"
+                r"\b(?:global[_ ]?)?rank\b[`'\"]?[^.\n]{0,30}\binstead of\b[^.\n]{0,15}\blocal[_ ]?rank\b",
+                values={"evidence": "the report says the local rank should be used instead of the rank"},
+                confidence=0.6,
+                confirm="Print `RANK`, `LOCAL_RANK` and `torch.cuda.device_count()` in each process: a device index "
+                "equal to RANK and above the count on the second node confirms it.",
+            ),
+        ),
+    )
+)
+
 TD466 = register(
     Code(
         code="TD466",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..model import Severity
 from ..registry import Code, register
 from ..signature import Role, Signature
+from .log_dist import MULTI_NODE
 
 #: A size as torch's caching allocator prints it (``format_size``): "2.26 GiB", "576.00 KiB", "0 bytes".
 SIZE = r"\d+(?:\.\d+)? (?:bytes|[KMGTPE]iB)"
@@ -233,6 +234,7 @@ TD356 = register(
                 # cudaErrorInvalidDevice is 10 up to CUDA 10.2 and 101 since CUDA 11; THC printed "error=N :", DGL "CUDA:"
                 pattern=r"(?:CUDA error(?: \(\d+\))?: |cuda runtime error \(\d+\) : |error=\d+ : |Error \d+: |CUDA: )"
                 r"invalid device ordinal",
+                exclude=(MULTI_NODE,),  # on a multi-node run: the global rank used as the index (TD479)
                 confidence=0.9,
             ),
         ),

@@ -684,6 +684,13 @@ TD459 = register(
                 pattern=r"exitcode\s*: -9 \(pid: (?P<pid>\d+)\)",
                 confidence=0.6,
             ),
+            Signature(  # DeepSpeed's launcher: "[launch.py:N:sigkill_handler] [...] exits with return code = -9"
+                role=Role.CONFIRMATION,
+                triggers=("exits with return code = -9",),
+                pattern=r"exits with return code = -9\b",
+                values={"pid": "see the launcher's line"},
+                confidence=0.6,
+            ),
         ),
     )
 )

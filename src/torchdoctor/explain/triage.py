@@ -25,6 +25,8 @@ Rules, in order:
    a cascade weighing :data:`CASCADE_AS_ANSWER` of its confidence (it names where a failure
    showed, not what caused it), so ``diagnoses[0]`` is the best hypothesis and its confidence
    says how sure.
+   Without any root cause, cascade or symptom, confirmations (torchrun's "exitcode: -9" alone) become
+   the hypotheses (:func:`_confirmations_alone`).
 8. When nothing names a cause (no root cause, cascade or hypothesis), the words of the log (its
    first :data:`~.collect.HEAD_BYTES` and the error lines kept) may still point at a family
    (:mod:`.cues`): a ``guess`` leads, with its words as the reason and a confidence of at most
@@ -204,6 +206,8 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
         diagnoses.append(d)
 
     hypotheses = _hypotheses(by_role["symptom"], codes)
+    if root_diag is None and not hypotheses and not cascades:
+        hypotheses = _confirmations_alone(diagnoses, codes)
     if root_diag is None and hypotheses:
         lead = [d for d in diagnoses if d.role == "cascade"]
         rest = [d for d in diagnoses if d.role != "cascade"]
@@ -291,6 +295,23 @@ def _hypotheses(groups: list[Group], codes: dict[str, Code]) -> list[Diagnosis]:
     return sorted(
         out, key=lambda d: (-d.confidence, -strongest[d.family], -own[id(d)], d.evidence[0].line if d.evidence else 0)
     )
+
+
+def _confirmations_alone(diagnoses: list[Diagnosis], codes: dict[str, Code]) -> list[Diagnosis]:
+    """Rule 7b: confirmations with nothing to confirm (torchrun's 'exitcode: -9' and no error of the worker) are the
+    best lead there is: they become hypotheses, strongest first, instead of leaving the lead to the words."""
+    out = []
+    for d in sorted((d for d in diagnoses if d.role == "confirmation"), key=lambda d: -d.confidence):
+        d.role = "hypothesis"
+        d.notes.append("a confirmation with no failure line to confirm: the likeliest reading, not a proof")
+        d.confirm = d.confirm or (
+            f"Look for what this line usually follows ({codes[d.code].title}) where this log cannot show it: the "
+            "host's kernel log (`dmesg -T`), the scheduler's accounting, the other ranks' logs."
+        )
+        out.append(d)
+    for d in out:
+        diagnoses.remove(d)
+    return out
 
 
 def _log_words(col: Collector) -> str:

@@ -66,18 +66,6 @@ TD350 = register(
                 rf"has (?P<process_used>{SIZE}) memory in use\.)?",
                 confidence=0.95,
             ),
-            Signature(  # prose: "I use A100 with 40GB memory but it still goes out of memory", "OOM on a 24GB GPU"
-                role=Role.SYMPTOM,
-                triggers=("out of memory", "Out of memory", "OUT OF MEMORY", "OOM", "oom"),
-                pattern=r"(?i)\b(?:[AHVPTLK]\d{2,3}|RTX ?\w*\d{3,4}\w*|GTX ?\d{3,4}|Tesla|GPUs?|VRAM|\d+ ?G(?:i?B)? (?:GPU|card|"
-                r"VRAM))\b[^.\n]{0,80}?\b(?:out of memory|OOM)\b",
-                exclude=(r"CUDA out of memory\. Tried", r"(?i)\b(?:RAM|host memory|cpu memory|system memory|swap)\b.{0,30}"
-                r"\b(?:out of memory|OOM)\b", r"(?i)\bout of memory\b.{0,20}\b(?:on|in) (?:the )?(?:CPU|host|RAM)\b"),
-                values={"requested": "?", "gpu": "?", "total": "?", "free": "?"},
-                confidence=0.55,
-                confirm="Watch `nvidia-smi --query-gpu=memory.used,memory.total --format=csv -l 1` while it runs, or "
-                "print `torch.cuda.max_memory_allocated()` per step: the GPU filling up before the crash confirms it.",
-            ),
         ),
     )
 )

@@ -25,7 +25,7 @@ from torchdoctor.checks import preflight_codes, run_checks
 from torchdoctor.facts import Facts, GatherContext, dist_env
 from torchdoctor.model import Finding, Severity
 from torchdoctor.options import CheckOptions
-from torchdoctor.registry import all_codes, lookup
+from torchdoctor.registry import lookup
 
 from .conftest import REPO, run_cli
 

@@ -399,6 +399,66 @@ def test_deferred_records_equal_the_immediate_ones(tmp_path: Path) -> None:
     assert load_run(tmp_path / "later").steps[0].keys() == set(range(7))
 
 
+def test_the_quick_road_gives_the_records_of_the_long_one(tmp_path: Path) -> None:
+    """A loss tensor and a tuple/list of CPU tensors take the quick road (deferred.quick_capture); mixed with steps
+    that carry a model (the long road), varying shapes, bfloat16, complex and empty leaves and a NaN loss, the
+    records equal those written at once, lines in step order, each line what the JSON encoder writes."""
+    import json
+    import math
+
+    import torch
+
+    from torchdoctor.ranks import deferred
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    g = torch.Generator().manual_seed(3)
+    model = torch.nn.Linear(3, 2)
+    batches: list[Any] = [(torch.randn(4, 3, generator=g), torch.randint(0, 9, (4,), generator=g)) for _ in range(5)]
+    batches += [[torch.randn(2, 3, generator=g), torch.randint(0, 9, (2,), generator=g)]]  # a shorter last batch
+    batches += [(torch.randn(3, generator=g).bfloat16(),), (torch.randn(2, generator=g, dtype=torch.complex64),)]
+    batches += [(torch.empty(0), torch.randn(2, generator=g))]
+    losses = [torch.tensor(0.25 * i) for i in range(len(batches))]
+    losses[7] = torch.tensor(float("nan"))
+    assert all(deferred.quick_capture(0, loss, b) is not None for loss, b in zip(losses, batches))
+
+    def record(out: Path, flush_every: int) -> tuple[list[str], list[dict[str, Any]]]:
+        with RunRecorder(out, rank=0, flush_every=flush_every) as rec:
+            for step, (loss, batch) in enumerate(zip(losses, batches)):
+                rec.record(step, loss=loss, batch=batch, model=model if step % 3 == 0 else None)
+        raw = (out / "fingerprints-rank0.jsonl").read_text().splitlines()[1:]
+        return raw, _lines(out / "fingerprints-rank0.jsonl")
+
+    (_, now), (raw, later) = record(tmp_path / "now", 1), record(tmp_path / "later", 4)
+    assert [r["step"] for r in later] == list(range(len(batches)))
+    encode = json.JSONEncoder(default=str).encode
+    for line in raw:
+        assert line == encode(json.loads(line))
+    for a, b in zip(now, later):
+        assert a.keys() == b.keys(), (a, b)
+        assert (math.isnan(a["loss"]) and math.isnan(b["loss"])) or a["loss"] == b["loss"]
+        assert a.get("params") == b.get("params")
+        parts_a, parts_b = (dict(p.split("=", 1) for p in x["batch"].split(";")) for x in (a, b))
+        assert parts_a.keys() == parts_b.keys()
+        for key, va in parts_a.items():
+            assert math.isclose(float(va), float(parts_b[key]), rel_tol=1e-12, abs_tol=1e-12), (key, va)
+
+
+def test_the_quick_road_marks_a_batch_changed_in_place_unknown(tmp_path: Path) -> None:
+    import torch
+
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    buffer, labels = torch.zeros(4), torch.arange(4)
+    with RunRecorder(tmp_path, rank=0, flush_every=8) as rec:
+        for step in range(3):
+            buffer.fill_(float(step))
+            rec.record(step, loss=torch.tensor(float(step)), batch=[buffer, labels])
+    steps = _lines(tmp_path / "fingerprints-rank0.jsonl")
+    assert ["batch" in r for r in steps] == [False, False, True]
+    assert all("changed in place" in r["batch_unknown"] for r in steps[:2])
+    assert [r["loss"] for r in steps] == [0.0, 1.0, 2.0]
+
+
 def test_deferred_records_are_written_at_each_flush_and_at_close(tmp_path: Path) -> None:
     import torch
 

@@ -169,13 +169,28 @@ TD451 = register(
             ),
             Signature(  # prose: "the master port used repeatedly", "port is blocked by another service", "29500 端口产生了碰撞"
                 role=Role.SYMPTOM,
-                triggers=("repeatedly", "blocked", "conflict", "collision", "clash", "碰撞", "冲突", "占用", "无法", "cannot",
-                          "can't", "can not", "unable to"),
+                triggers=(
+                    "repeatedly",
+                    "blocked",
+                    "conflict",
+                    "collision",
+                    "clash",
+                    "碰撞",
+                    "冲突",
+                    "占用",
+                    "无法",
+                    "cannot",
+                    "can't",
+                    "can not",
+                    "unable to",
+                ),
                 pattern=r"(?i)(?:\b(?:master[_ ]?port|port)\b|29500|端口)[^.\n。]{0,40}?(?:used repeatedly|\bblocked\b|"
                 r"\bconflict|\bcollision|\bclash|碰撞|冲突|被占用|占用|(?:cannot|can't|can not|unable to|无法)\s*(?:同时)?"
                 r"\s*(?:run|start|launch|运行|启动)\s*(?:multiple|two|another|a second|多个|两个|第二个))",
-                exclude=(r"(?i)tensorboard|jupyter|gradio|streamlit|flask|uvicorn|http server|webui|firewall|iptables|"
-                r"security group",),
+                exclude=(
+                    r"(?i)tensorboard|jupyter|gradio|streamlit|flask|uvicorn|http server|webui|firewall|iptables|"
+                    r"security group",
+                ),
                 values={"port": "$MASTER_PORT"},
                 confidence=0.6,
                 confirm=_PORT_CONFIRM,
@@ -554,7 +569,9 @@ TD456 = register(
             Signature(  # "all_gather can only be used when tensors in different gpu have the same shape"
                 role=Role.SYMPTOM,
                 triggers=("same shape", "same size", "same length", "same dimension", "Same shape", "Same size"),
-                pattern=r"(?i)\ball_gather\w*\b" + _gap(80, r"(?i:same)") + r"\bsame (?:shape|size|length|dimension)s?\b",
+                pattern=r"(?i)\ball_gather\w*\b"
+                + _gap(80, r"(?i:same)")
+                + r"\bsame (?:shape|size|length|dimension)s?\b",
                 values={
                     "rank": "?",
                     "op": "all_gather",

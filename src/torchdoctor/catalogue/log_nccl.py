@@ -538,7 +538,7 @@ _P2P_CONFIRM = (
 )
 
 _GLOO_CONFIRM = (
-    "Run the same script once with `backend=\"gloo\"` and once with NCCL and `NCCL_DEBUG=INFO`: gloo finishing where NCCL "
+    'Run the same script once with `backend="gloo"` and once with NCCL and `NCCL_DEBUG=INFO`: gloo finishing where NCCL '
     "stops rules out the application's collectives; then `NCCL_P2P_DISABLE=1` (and `NCCL_SHM_DISABLE=1`, "
     "`NCCL_IB_DISABLE=1`) one at a time names the transport."
 )
@@ -574,8 +574,10 @@ TD498 = register(
                 pattern=r"(?i)NCCL_P2P_DISABLE\s*=\s*1\b[^\n]{0,80}\b(?:works?|worked|working|fix\w*|"
                 r"solv\w*|resolv\w*|helps?|helped)\b",
                 # "both didnt work", "does not help": the test came out negative
-                exclude=(r"(?i)\b(?:did ?n[o']?t|does ?n[o']?t|do ?n[o']?t|didnt|doesnt|dont|not|no longer|won'?t|never|"
-                r"neither|nor)\s+(?:\w+\s+)?(?:work|fix|solv|resolv|help)",),
+                exclude=(
+                    r"(?i)\b(?:did ?n[o']?t|does ?n[o']?t|do ?n[o']?t|didnt|doesnt|dont|not|no longer|won'?t|never|"
+                    r"neither|nor)\s+(?:\w+\s+)?(?:work|fix|solv|resolv|help)",
+                ),
                 confidence=0.7,
                 confirm="Run once with `NCCL_P2P_DISABLE=1` and once without; then `nvidia-smi topo -m` and CUDA's "
                 "`p2pBandwidthLatencyTest` show which GPU pairs fail.",

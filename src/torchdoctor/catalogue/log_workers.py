@@ -242,7 +242,7 @@ TD566 = register(
         "numba or torch CPU ops, already ran in the main process). Keep worker-side libraries single-threaded (`torch.set_num_threads(1)` "
         "in `worker_init_fn`). CUDA cannot be used at all in a forked worker: return CPU tensors from `__getitem__`, "
         "transforms and `collate_fn`, and move the batch to the GPU in the training loop (`pin_memory=True` "
-        "speeds the copy), or use `multiprocessing_context=\"spawn\"`.",
+        'speeds the copy), or use `multiprocessing_context="spawn"`.',
         meaning="fork copies the parent's memory, open descriptors and the state of locks, but not its threads: a lock "
         "held by another thread stays locked forever in the child, a thread pool's threads are missing, and a "
         "file handle (HDF5) shared by several processes corrupts its reads. The worker then segfaults, raises "

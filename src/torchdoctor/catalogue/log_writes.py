@@ -376,7 +376,18 @@ _SEVERAL = (
     r"(?:ranks?|process(?:es|ors?)?|gpus?|nodes?|workers?|devices?|machines?)\b"
 )
 _SEVERAL_TRIGGERS = (
-    "rank", "Rank", "process", "Process", "GPU", "gpu", "node", "Node", "worker", "Worker", "device", "machine",
+    "rank",
+    "Rank",
+    "process",
+    "Process",
+    "GPU",
+    "gpu",
+    "node",
+    "Node",
+    "worker",
+    "Worker",
+    "device",
+    "machine",
 )
 _SAME_PLACE = r"(?:the\s+)?same\s+(?:file|path|location|checkpoint|directory|folder|dir|log|name|file ?name)\b"
 _PER_RANK_FILES = r"(?i)\bshard|\brank ?\{|\{rank\}|per[- ]rank\b"
@@ -412,7 +423,12 @@ TD664 = register(
             Signature(  # "every processor(GPU) would save an checkpoint", "runs on different ranks and write ..."
                 role=Role.SYMPTOM,
                 triggers=_WRITE_TRIGGERS,
-                pattern=r"(?i)\b" + _SEVERAL + r"(?:\([^)\n]{0,20}\))?" + _gap(60, _WRITE_VERB) + r"\b" + _WRITE_VERB
+                pattern=r"(?i)\b"
+                + _SEVERAL
+                + r"(?:\([^)\n]{0,20}\))?"
+                + _gap(60, _WRITE_VERB)
+                + r"\b"
+                + _WRITE_VERB
                 + r"\b",
                 exclude=(r"(?i)\b(?:its|their) own\b", r"(?i)\bsav(?:e|es|ed|ing) (?:memory|time)\b", _PER_RANK_FILES),
                 values={"how": "several processes saving or writing"},

@@ -48,7 +48,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import TorchDoctorError
-from .deferred import HELD_LIMIT, Pending, capture_batch, deferrable_scalar, finish
+from .deferred import HELD_LIMIT, Pending, Quick, capture_batch, deferrable_scalar, finish, finish_quick, quick_capture
 
 SCHEMA = 1
 FILE_RE = re.compile(r"^fingerprints-rank(\d+)\.jsonl$")
@@ -388,7 +388,7 @@ class RunRecorder:
         if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
             raise ValueError(f"flush_every must be a positive number of records; got {flush_every!r}")
         self.flush_every = flush_every
-        self._pending: list[Pending] = []
+        self._pending: list[Pending | Quick] = []
         self._held = 0
         self.rank = current_rank() if rank is None else int(rank)
         self.per_tensor = per_tensor
@@ -426,6 +426,14 @@ class RunRecorder:
         or :func:`grad_norm` (with ``model``, the gradients' norm is already there: ``sqrt(grads.sumsq)``)."""
         if step % self.every:
             return
+        if self.flush_every > 1 and model is None and grad_norm is None and not extra and batch is not None:
+            quick = quick_capture(step, loss, batch)  # the common step: one tuple, nothing computed now
+            if quick is not None:
+                self._pending.append(quick)
+                self._held += quick[5]
+                if len(self._pending) >= self.flush_every or self._held > HELD_LIMIT:
+                    self.flush()
+                return
         rec: dict[str, Any] = {"kind": "step", "step": int(step)}
         later = Pending(rec) if self.flush_every > 1 else None
         if batch is not None and (later is None or not capture_batch(batch, later)):
@@ -462,7 +470,18 @@ class RunRecorder:
         if self._file is None:
             raise ValueError(f"RunRecorder for {self.path} is closed")
         encode = _ENCODER.encode
-        self._file.write("".join([encode(r) + "\n" for r in finish(pending)]))
+        quick = [i for i, p in enumerate(pending) if type(p) is tuple]
+        lines: list[str]
+        if len(quick) == len(pending):
+            lines = finish_quick(pending, encode)  # type: ignore[arg-type]
+        else:
+            lines = [""] * len(pending)
+            slow = [i for i, p in enumerate(pending) if type(p) is not tuple]
+            for i, line in zip(quick, finish_quick([pending[i] for i in quick], encode)):  # type: ignore[misc]
+                lines[i] = line
+            for i, rec in zip(slow, finish([pending[i] for i in slow])):  # type: ignore[misc]
+                lines[i] = encode(rec)
+        self._file.write("\n".join(lines) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -42,6 +42,8 @@ def _tensor_type() -> Any:
     return _TENSOR
 
 
+_LINE = '{"kind": "step", "step": %d, "t": %r, "loss": %r, "batch": "%s"}'
+"""A quick record's JSON line, as the encoder writes it (the batch text holds only digits, signs and [];=)."""
 Quick = tuple[int, float, Any, Any, tuple[int, ...], int]
 """A quick record: ``(step, time, loss or None, batch leaves, their versions, their bytes)``."""
 
@@ -118,6 +120,12 @@ def capture_batch(batch: Any, pending: Pending) -> bool:
     # on a device: the checksums are launched now (asynchronous, nothing waits) and read at the flush
     pending.device_sums = [(path, _tensor_sum(v)) for path, v, _ in kept]
     return True
+
+
+def _stack(tensors: list[Any]) -> Any:
+    import torch
+
+    return torch.stack(tensors)
 
 
 def _read_scalars(items: list[Any]) -> list[float]:
@@ -202,7 +210,13 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
     losses = [(i, q[2]) for i, q in enumerate(quick) if q[2] is not None]
     loss: list[float | None] = [None] * n
     if losses:
-        for (i, _), v in zip(losses, _read_scalars([t for _, t in losses])):
+        tensors = [t for _, t in losses]
+        first = tensors[0]
+        if [(t.dtype, t.device) for t in tensors] == [(first.dtype, first.device)] * len(tensors):
+            values = [float(v) for v in _stack(tensors).reshape(-1).tolist()]  # one transfer
+        else:
+            values = _read_scalars(tensors)
+        for (i, _), v in zip(losses, values):
             loss[i] = v
     batch: list[str | None] = [None] * n
     unknown = [False] * n
@@ -210,21 +224,17 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
         for i, q in enumerate(quick):
             unknown[i] = any(t._version != v for t, v in zip(q[3], q[4]))
     valid = [i for i in range(n) if not unknown[i]]
-    for members in _same_structure(quick, valid):
-        width = len(quick[members[0]][3])
-        columns = [_column([quick[i][3][j] for i in members]) for j in range(width)]
-        template = ";".join(f"{_PATHS[j]}={{!r}}" for j in range(width))
-        for row, i in enumerate(members):
-            batch[i] = template.format(*[c[row] for c in columns])
+    for members, columns in _checksum_columns(quick, valid):
+        width = len(columns)
+        template = ";".join(f"{_PATHS[j]}=%r" for j in range(width))
+        for i, values in zip(members, zip(*columns)):
+            batch[i] = template % values
     lines = []
     for i, q in enumerate(quick):
         value, text = loss[i], batch[i]
         if value is not None and text is not None and math.isfinite(value):
             # what encode() gives for this record, without its walk: only digits, signs and [];= in the batch text
-            lines.append(
-                f'{{"kind": "step", "step": {int(q[0])}, "t": {round(q[1], 3)!r}, "loss": {value!r}, '
-                f'"batch": "{text}"}}'
-            )
+            lines.append(_LINE % (q[0], round(q[1], 3), value, text))
             continue
         rec: dict[str, Any] = {"kind": "step", "step": int(q[0]), "t": round(q[1], 3)}
         if value is not None:
@@ -237,27 +247,35 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
     return lines
 
 
-def _same_structure(quick: list[Quick], rows: list[int]) -> list[list[int]]:
-    """``rows`` grouped by the shapes and dtypes of their batch leaves; usually one group (checked cheaply)."""
+def _checksum_columns(quick: list[Quick], rows: list[int]) -> list[tuple[list[int], list[list[float]]]]:
+    """``rows`` grouped by the shapes and dtypes of their batch leaves (usually one group), each group with the
+    checksums of its leaves, one column per batch position. The common case costs one stack per position:
+    ``torch.stack`` itself refuses leaves of different shapes, and only then are the shapes read one by one."""
     if not rows:
         return []
     first = quick[rows[0]][3]
-    shapes = [(t.shape, t.dtype) for t in first]
-    if all(
-        len(quick[i][3]) == len(first) and all(t.dtype is d and t.shape == s for t, (s, d) in zip(quick[i][3], shapes))
-        for i in rows
-    ):
-        return [rows]
+    width, dtypes = len(first), [t.dtype for t in first]
+    if [len(quick[i][3]) for i in rows] == [width] * len(rows) and [
+        t.dtype for i in rows for t in quick[i][3]
+    ] == dtypes * len(rows):
+        try:
+            return [(rows, [_column([quick[i][3][j] for i in rows]) for j in range(width)])]
+        except RuntimeError:  # "stack expects each tensor to be equal size": group by shape below
+            pass
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i in rows:
         groups.setdefault(tuple((t.shape, t.dtype) for t in quick[i][3]), []).append(i)
-    return list(groups.values())
+    return [
+        (members, [_column([quick[i][3][j] for i in members]) for j in range(len(quick[members[0]][3]))])
+        for members in groups.values()
+    ]
 
 
 def _column(tensors: list[Any]) -> list[float]:
-    """Checksums of same-shaped, same-dtype CPU tensors (one batch position over several steps)."""
+    """Checksums of same-dtype CPU tensors (one batch position over several steps); ``RuntimeError`` when
+    their shapes differ."""
     t0 = tensors[0]
-    if t0.dtype.is_complex or t0.numel() == 0:
+    if t0.dtype.is_complex or any(t.numel() == 0 for t in tensors):
         from .fingerprint import _tensor_sum
 
         return [float(_tensor_sum(t).item()) for t in tensors]

@@ -26,6 +26,13 @@ class UsageError(TorchDoctorError):
     """The user asked for something that cannot be done as asked."""
 
 
+def positive_count(name: str, value: object, what: str = "steps", error: type[Exception] = ValueError) -> int:
+    """``value`` when it is a positive int (not a bool); else ``error`` naming the argument and what it counts."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{name} must be a positive number of {what}; got {value!r}")
+    return value
+
+
 class UnknownCodeError(UsageError):
     def __init__(self, key: str, suggestions: list[str], what: str = "code", hint: str | None = None) -> None:
         self.key = key

@@ -49,7 +49,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
+from .errors import UsageError, positive_count
 
 if TYPE_CHECKING:
     from .guards.rankfile import RankFile
@@ -110,10 +110,8 @@ class DoctorCallback(_Base):
         report_dir: str | os.PathLike[str] = "torchdoctor-reports",
     ) -> None:
         super().__init__()
-        if sync_every is not None and (
-            isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1
-        ):
-            raise UsageError(f"sync_every must be a positive number of steps or None (off); got {sync_every!r}")
+        if sync_every is not None:
+            positive_count("sync_every", sync_every, "steps or None (off)", UsageError)
         if on_mismatch not in ON_MISMATCH:
             raise UsageError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}; got {on_mismatch!r}")
         for name, value in (
@@ -122,8 +120,7 @@ class DoctorCallback(_Base):
             ("memory_every", memory_every),
             ("flush_every", flush_every),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"{name} must be a positive number of steps; got {value!r}")
+            positive_count(name, value, error=UsageError)
         if not memory_ratio > 1:
             raise UsageError(f"memory_ratio must be above 1 (a rank's peak against the others'); got {memory_ratio!r}")
         self.sync_every = sync_every

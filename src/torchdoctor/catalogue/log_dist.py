@@ -498,6 +498,14 @@ TD455 = register(
     )
 )
 
+_GATHER_SHAPES = {
+    "rank": "?",
+    "op": "all_gather",
+    "aspects": "tensor shapes",
+    "other": "?",
+    "other_op": "all_gather with another shape",
+}
+"""TD456's values for prose about gathering tensors of different shapes."""
 _SHAPES_CONFIRM = (
     "Print the tensor's shape on every rank before the call, or run with "
     "`TORCH_DISTRIBUTED_DEBUG=DETAIL`: different shapes confirm it (gather the sizes first, pad to the "
@@ -556,13 +564,7 @@ TD456 = register(
                 pattern=r"(?i)\b(?:variable|different|varying|uneven|unequal|dynamic)[- ](?:length|size|shape)s?\b"
                 + _gap(80, "all_gather")
                 + r"\ball_gather",
-                values={
-                    "rank": "?",
-                    "op": "all_gather",
-                    "aspects": "tensor shapes",
-                    "other": "?",
-                    "other_op": "all_gather with another shape",
-                },
+                values=_GATHER_SHAPES,
                 confidence=0.6,
                 confirm=_SHAPES_CONFIRM,
             ),
@@ -572,13 +574,7 @@ TD456 = register(
                 pattern=r"(?i)\ball_gather\w*\b"
                 + _gap(80, r"(?i:same)")
                 + r"\bsame (?:shape|size|length|dimension)s?\b",
-                values={
-                    "rank": "?",
-                    "op": "all_gather",
-                    "aspects": "tensor shapes",
-                    "other": "?",
-                    "other_op": "all_gather with another shape",
-                },
+                values=_GATHER_SHAPES,
                 confidence=0.55,
                 confirm=_SHAPES_CONFIRM,
             ),
@@ -589,13 +585,7 @@ TD456 = register(
                 + _gap(80, "(?i:length|size|shape)")
                 + r"\b(?:variable|different|varying|uneven|unequal|dynamic)[- ]"
                 r"(?:length|size|shape)s?\b",
-                values={
-                    "rank": "?",
-                    "op": "all_gather",
-                    "aspects": "tensor shapes",
-                    "other": "?",
-                    "other_op": "all_gather with another shape",
-                },
+                values=_GATHER_SHAPES,
                 confidence=0.6,
                 confirm=_SHAPES_CONFIRM,
             ),

@@ -227,8 +227,8 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
     for members, columns in _checksum_columns(quick, valid):
         width = len(columns)
         template = ";".join(f"{_PATHS[j]}=%r" for j in range(width))
-        for i, values in zip(members, zip(*columns)):
-            batch[i] = template % values
+        for i, row in zip(members, zip(*columns)):
+            batch[i] = template % row
     lines = []
     for i, q in enumerate(quick):
         value, text = loss[i], batch[i]

@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import TorchDoctorError
+from ..errors import TorchDoctorError, positive_count
 from .deferred import HELD_LIMIT, Pending, Quick, capture_batch, deferrable_scalar, finish, finish_quick, quick_capture
 
 SCHEMA = 1
@@ -383,10 +383,8 @@ class RunRecorder:
         from ..guards.rankfile import RankFile
         from .determinism import seed_is_set
 
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive number of steps; got {every!r}")
-        if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
-            raise ValueError(f"flush_every must be a positive number of records; got {flush_every!r}")
+        positive_count("every", every)
+        positive_count("flush_every", flush_every, "records")
         self.flush_every = flush_every
         self._pending: list[Pending | Quick] = []
         self._held = 0

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import positive_count
 from ..units import human_bytes
 
 HOST_CODE = "TD277"
@@ -274,8 +275,7 @@ class MemoryTracker:
         ratio: float = RATIO,
         min_excess_bytes: int = MIN_EXCESS_BYTES,
     ) -> None:
-        if every < 1:
-            raise ValueError("every must be at least 1")
+        positive_count("every", every)
         self.every = every
         self.device = device
         self.ratio = ratio

@@ -719,3 +719,42 @@ def test_lightning_fabric_ranks_and_child_process_line() -> None:
     assert top.traceback[0] == "Traceback (most recent call last):" and "isend" in top.traceback[-2]
     assert child.ref.rank == 1 and "terminated with code 1" in child.ref.text
     assert report.first_failure["rank"] == 1
+
+
+# Real text: tests/fixtures/logs/TD478/mambatree-14-last-error.log (NCCL's 'Last error:' after torch's NCCL error)
+def test_a_wrapper_error_gives_the_lead_to_the_reason_printed_after_it() -> None:
+    report = explain("\n".join(fixture_body(FIXTURES_LOGS / "TD478" / "mambatree-14-last-error.log")) + "\n")
+    assert report.root_cause is not None and report.root_cause.code == "TD478"
+    assert any("TD481" in n for n in report.root_cause.notes)
+    wrapper = next(d for d in report.diagnoses if d.code == "TD481")
+    assert wrapper.explained_by == "TD478"
+    # the reason alone, without the wrapper above it, is still the root cause; the wrapper alone stays TD481
+    alone = explain("Last error:\nBootstrap : no socket interface found\n")
+    assert alone.root_cause is not None and alone.root_cause.code == "TD478"
+    body = [line for line in fixture_body(FIXTURES_LOGS / "TD478" / "mambatree-14-last-error.log") if line.strip()]
+    wrapper_only = explain("\n".join(body[:-1]) + "\n")
+    assert wrapper_only.root_cause is not None and wrapper_only.root_cause.code == "TD481"
+
+
+# Real text: tests/fixtures/logs/TD459/*.log (torchrun's summary of a worker killed by SIGKILL, no error of its own)
+def test_a_confirmation_alone_leads_as_a_hypothesis() -> None:
+    path = next(p for p in sorted((FIXTURES_LOGS / "TD459").glob("*.log")) if not p.name.startswith("near-"))
+    report = explain("\n".join(fixture_body(path)) + "\n")
+    top = report.diagnoses[0]
+    assert report.root_cause is None
+    assert (top.code, top.role) == ("TD459", "hypothesis") and top.confidence < 0.8
+    assert top.confirm and any("no failure line to confirm" in n for n in top.notes)
+    assert all(d.role != "confirmation" for d in report.diagnoses if d.code == "TD459")
+
+
+# Real text: tests/fixtures/logs/TD498/pytorch-14870-gloo-works-nccl-deadlock.log (a title that two weak hang
+# symptoms of dist-hang also match): families tied at the cap go by their strongest single symptom
+def test_families_tied_at_the_cap_go_by_their_strongest_symptom() -> None:
+    from torchdoctor.signature import SYMPTOM_MAX
+
+    body = fixture_body(FIXTURES_LOGS / "TD498" / "pytorch-14870-gloo-works-nccl-deadlock.log")
+    report = explain("\n".join(body) + "\n")
+    top = report.diagnoses[0]
+    assert (top.code, top.confidence) == ("TD498", SYMPTOM_MAX)
+    hang = [d for d in report.diagnoses if d.family == "dist-hang"]
+    assert hang and max(d.confidence for d in hang) == SYMPTOM_MAX  # tied: the single strongest symptom decides

@@ -410,7 +410,7 @@ TD664 = register(
         "each other, so the file can come out mangled, truncated, or half one rank's and half another's, and only on "
         "some runs.",
         fix=_ONE_WRITER + " For logs every rank appends to, give each rank its own file or append whole lines with "
-        "`torchdoctor.RankFile`; save checkpoints atomically: " + _ATOMIC + ".",
+        "`torchdoctor.RankFile`. For checkpoints, also " + _ATOMIC + ".",
         meaning="Under DDP every rank runs the same script, so code that saves, logs or caches without asking for the "
         "rank runs N times at once on the same path. The file system keeps no order between them.",
         why="`torch.save` / `save_pretrained` / a logger's file handler / a cache writer not guarded by "

@@ -25,6 +25,9 @@ _OOM_FIX = (
     "check whether one rank gets larger inputs than the others."
 )
 
+_GPU_WORD = r"(?:[AHVPTLK]\d{2,3}|RTX ?\w*\d{3,4}\w*|GTX ?\d{3,4}|Tesla|GPUs?|VRAM|\d+ ?G(?:i?B)? (?:GPU|card|VRAM))"
+"""A GPU named in prose: a model (A100, RTX 3090, Tesla), 'GPU', 'VRAM', '24GB card'."""
+
 TD350 = register(
     Code(
         code="TD350",
@@ -65,6 +68,21 @@ TD350 = register(
                 rf"(?:(?: Process \d+ has {SIZE} memory in use\.)* Including non-PyTorch memory, this process "
                 rf"has (?P<process_used>{SIZE}) memory in use\.)?",
                 confidence=0.95,
+            ),
+            Signature(  # prose: "one A100 with 40 G memory, and it reports 'out of memory'", "OOM error on 40GB A100"
+                role=Role.SYMPTOM,
+                triggers=("out of memory", "Out of memory", "OUT OF MEMORY", "OOM", "oom"),
+                pattern=rf"(?i)\b{_GPU_WORD}\b[^.\n]{{0,80}}?\b(?:out of memory|OOM)\b|\b(?:out of memory|OOM)\b(?: errors?)? "
+                rf"(?:on|with) (?:an? |my |the |one )?(?:\d+ ?G(?:i?B)? )?{_GPU_WORD}\b",
+                exclude=(
+                    r"CUDA out of memory\. Tried",
+                    r"(?i)\b(?:RAM|host memory|cpu memory|system memory|swap)\b.{0,30}\b(?:out of memory|OOM)\b",
+                    r"(?i)\bout of memory\b.{0,20}\b(?:on|in) (?:the )?(?:CPU|host|RAM)\b",
+                ),
+                values={"requested": "?", "gpu": "?", "total": "?", "free": "?"},
+                confidence=0.55,
+                confirm="Watch `nvidia-smi --query-gpu=memory.used,memory.total --format=csv -l 1` while it runs, or "
+                "print `torch.cuda.max_memory_allocated()` per step: the GPU filling up before the crash confirms it.",
             ),
         ),
     )

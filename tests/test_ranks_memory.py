@@ -152,6 +152,33 @@ def test_peak_memory_of_this_process_reads_proc_and_rises_with_what_it_touches()
     assert after["peak_bytes"] >= before["peak_bytes"] + 90 * MiB
 
 
+def test_quick_host_sample_is_this_process_own_even_after_a_big_parent_execs_it() -> None:
+    """The tracker's quick reading (getrusage's mark and statm) agrees with VmHWM/VmRSS, and a process exec'd by a
+    parent that holds 300 MiB more does not report the parent's size (the kernel carries the old image's mark
+    across exec: that process must read /proc/self/status until its own mark is the larger)."""
+    import subprocess
+    import sys
+
+    from torchdoctor.ranks.memory import _host_sample, _status_sample
+
+    for _ in range(3):  # the first reading decides whether getrusage can be trusted; the later ones use it
+        quick, status = _host_sample(), _status_sample()
+        assert quick is not None and status is not None
+        assert abs(quick[0] - status[0]) <= 8 * MiB and abs(quick[1] - status[1]) <= 8 * MiB
+    child = (
+        "from torchdoctor.ranks.memory import _host_sample, _status_sample\n"
+        "readings = [_host_sample() for _ in range(3)]\n"
+        "print(max(p for p, _ in readings), _status_sample()[0])"
+    )
+    block = bytearray(300 * MiB)  # zero-filled: touched, so the parent's mark is at least 300 MiB higher
+    try:
+        out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=True)
+    finally:
+        del block
+    peak, own = map(int, out.stdout.split())
+    assert peak <= own + 8 * MiB, (peak, own)
+
+
 def test_tracker_samples_every_nth_step_and_keeps_plateaus_short() -> None:
     t = MemoryTracker(every=3)
     for step in range(30):

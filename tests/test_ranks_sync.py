@@ -274,6 +274,31 @@ def test_checksums_see_swapped_rows_of_a_large_tensor_and_are_deterministic() ->
     assert checksums(torch.arange(6, dtype=torch.int64)).tolist()[:2] == [15.0, 55.0]
 
 
+def test_small_tensors_taken_together_give_the_checksums_of_each() -> None:
+    """The check's quick road for small tensors (one float64 copy of them all, four reductions per slice) gives each
+    tensor's own checksums up to the order of summation, whatever sits beside it; larger tensors and the order of
+    the rows are kept."""
+    from torchdoctor.ranks.sync import CHUNK_ROWS, ROW, _stack, checksums
+
+    torch.manual_seed(5)
+    tensors = [
+        torch.randn(300, 40),
+        torch.tensor([True, False, True]),  # a bool buffer
+        torch.arange(7, dtype=torch.int64),  # num_batches_tracked and the like
+        torch.randn(CHUNK_ROWS * ROW + 5),  # larger than a chunk: its own road
+        torch.randn(17, dtype=torch.complex64),
+        torch.zeros(0),
+        torch.randn(2 * ROW + 3, dtype=torch.float16),
+    ]
+    got = _stack([(str(i), t) for i, t in enumerate(tensors)], torch.device("cpu")).view(-1, len(CHECKSUMS)).tolist()
+    for row, t in zip(got, tensors):
+        want = checksums(t).tolist()
+        assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for a, b in zip(row, want)), (t.dtype, row, want)
+    # the same tensor next to other neighbours: the same bits
+    alone = _stack([("a", tensors[0])], torch.device("cpu")).tolist()
+    assert alone == got[0]
+
+
 # -- compare: the rule, pure ---------------------------------------------------------------------------
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)

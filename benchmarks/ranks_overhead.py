@@ -40,6 +40,13 @@ from typing import Any
 PER_STEP_HOOKS = ("on_train_batch_end",)
 
 
+def _switches() -> int:
+    """Involuntary context switches of this process so far (another process or thread took the CPU)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
 def child(args: argparse.Namespace) -> None:
     """One training job (both ranks run this)."""
     import lightning as L
@@ -62,15 +69,19 @@ def child(args: argparse.Namespace) -> None:
         """DoctorCallback with a stopwatch around its per-step hooks."""
 
         inside = 0.0
+        inside_cpu = 0.0
+        switches = 0
 
     for name in PER_STEP_HOOKS:
 
         def timed(self: Any, *a: Any, __name: str = name, **k: Any) -> Any:
-            t0 = time.perf_counter()
+            c0, s0, t0 = time.thread_time(), _switches(), time.perf_counter()
             try:
                 return getattr(DoctorCallback, __name)(self, *a, **k)
             finally:
                 self.inside += time.perf_counter() - t0
+                self.inside_cpu += time.thread_time() - c0
+                self.switches += _switches() - s0
 
         setattr(TimedDoctor, name, timed)
 
@@ -129,6 +140,8 @@ def child(args: argparse.Namespace) -> None:
         result = {
             "per_step": (clock.ended - clock.started) / steps,
             "inside": (doctor.inside / steps) if doctor is not None else 0.0,
+            "inside_cpu": (doctor.inside_cpu / steps) if doctor is not None else 0.0,
+            "switches": (doctor.switches / steps) if doctor is not None else 0.0,
             "steps": steps,
             "syncs": len(doctor.sync_reports) if doctor is not None else 0,
             "parts": {k: v / steps for k, v in parts.items()},
@@ -156,6 +169,8 @@ def main() -> None:
     variants = ("base", "doctor", "doctor-10", "parts")
     times: dict[str, list[float]] = {v: [] for v in variants}
     inside: dict[str, list[float]] = {v: [] for v in variants}
+    inside_cpu: dict[str, list[float]] = {v: [] for v in variants}
+    switches: dict[str, list[float]] = {v: [] for v in variants}
     parts: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     syncs = 0
     with tempfile.TemporaryDirectory(prefix="td-ranks-bench-") as d:
@@ -175,6 +190,8 @@ def main() -> None:
                 res = json.loads((out / "result.json").read_text())
                 times[variant].append(res["per_step"])
                 inside[variant].append(res["inside"])
+                inside_cpu[variant].append(res["inside_cpu"])
+                switches[variant].append(res["switches"])
                 for label, value in res["parts"].items():
                     parts[variant].setdefault(label, []).append(value)
                 syncs = max(syncs, res["syncs"])
@@ -194,6 +211,12 @@ def main() -> None:
         print(
             f"{variant:9} ({what}): loop {doc * 1e3:.3f} ms/step, {doc / base - 1:+.2%} (paired {paired - 1:+.2%}); "
             f"inside its per-step hooks {own * 1e6:.1f} us = {own / base:.2%} of a base step ({verdict} the 1% target)"
+        )
+        cpu = statistics.median(inside_cpu[variant])
+        print(
+            f"{'':9}  of which this thread on a CPU: {cpu * 1e6:.1f} us = {cpu / base:.2%}; the rest, "
+            f"{(own - cpu) * 1e6:.1f} us, it waited for a CPU (2 ranks and their gloo threads share 2 cores; "
+            f"{statistics.median(switches[variant]):.3f} involuntary switches a step inside the hook)"
         )
     print(
         f"where the time goes (fingerprints every step; a separate run with a stopwatch around each part, "

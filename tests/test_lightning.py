@@ -18,6 +18,7 @@ import pytest
 from torchdoctor.explain import shows
 from torchdoctor.lab import get
 from torchdoctor.lab.runner import missing_needs, run
+from torchdoctor.ranks.fingerprint import read_records
 
 from .conftest import REPO
 from .support.gloo import finished
@@ -60,8 +61,8 @@ def test_clean_run_passes_every_check_and_prints_preflight_once(tmp_path: Path) 
     assert proc.stderr.count("torchdoctor preflight") == 1  # printed by rank 0 only
     assert "TD469" not in proc.stderr
     for rank in (0, 1):
-        lines = (tmp_path / "fp" / f"fingerprints-rank{rank}.jsonl").read_text().splitlines()
-        assert len(lines) >= 40
+        records = read_records(tmp_path / "fp" / f"fingerprints-rank{rank}.jsonl")
+        assert [r["step"] for r in records[1:]] == list(range(1, 41)), [r.get("step") for r in records]
     assert not (out / "torchdoctor-reports").exists()
 
 
@@ -130,3 +131,44 @@ def test_grad_norm_is_the_global_l2_norm_and_none_without_gradients() -> None:
     m(torch.randn(4, 8)).sum().backward()
     reference = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in m.parameters()))
     assert grad_norm(m) == pytest.approx(reference, rel=1e-6)
+
+
+@pytest.mark.parametrize("manual", [False, True])
+def test_the_step_counter_read_each_step_is_global_step(tmp_path: Path, manual: bool) -> None:
+    """DoctorCallback reads Lightning's own optimizer-step counter each step instead of walking the ``global_step``
+    property; in a real (one-process) Trainer, with automatic and with manual optimization, it reads what
+    ``global_step`` says at every step, and the fingerprints carry those steps."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchdoctor.lab.scenarios.lightning import cpu_trainer, tiny_module
+    from torchdoctor.lightning import DoctorCallback
+
+    seen: list[tuple[int, int]] = []
+
+    class Compare(L.Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            seen.append((doctor._step(), int(trainer.global_step)))
+
+    module = tiny_module()
+    if manual:
+        module.automatic_optimization = False
+
+        def training_step(batch: Any, batch_idx: int) -> Any:
+            opt = module.optimizers()
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(module.net(x), y)
+            opt.zero_grad()
+            module.manual_backward(loss)
+            opt.step()
+            return loss
+
+        module.training_step = training_step  # type: ignore[method-assign]
+    doctor = DoctorCallback(sync_every=None, preflight=False, determinism=False, fingerprints=tmp_path / "fp")
+    data = DataLoader(TensorDataset(torch.randn(96, 16), torch.randn(96, 1)), batch_size=8)
+    cpu_trainer([doctor, Compare()], devices=1).fit(module, data)
+    assert len(seen) == 12 and [a for a, _ in seen] == [b for _, b in seen] == list(range(1, 13))
+    assert doctor._step.__name__ == "<lambda>" and "total" in doctor._step.__code__.co_freevars  # not the fallback
+    steps = [r["step"] for r in read_records(tmp_path / "fp" / "fingerprints-rank0.jsonl")[1:]]
+    assert steps == list(range(1, 13))

@@ -347,7 +347,11 @@ def test_a_record_with_the_model_carries_the_gradient_norm_in_its_sums(tmp_path:
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()][1:]
+    """The step records of one file, ``steps`` lines given back as records (header left out); none while RankFile
+    still holds the header."""
+    from torchdoctor.ranks.fingerprint import read_records
+
+    return read_records(path)[1:] if path.read_text().strip() else []
 
 
 def _batches() -> list[Any]:
@@ -433,6 +437,8 @@ def test_the_quick_road_gives_the_records_of_the_long_one(tmp_path: Path) -> Non
     encode = json.JSONEncoder(default=str).encode
     for line in raw:
         assert line == encode(json.loads(line))
+    kinds = [json.loads(line)["kind"] for line in raw]
+    assert "steps" in kinds and len(raw) < len(batches)  # plain steps share a line
     for a, b in zip(now, later):
         assert a.keys() == b.keys(), (a, b)
         assert (math.isnan(a["loss"]) and math.isnan(b["loss"])) or a["loss"] == b["loss"]
@@ -441,6 +447,50 @@ def test_the_quick_road_gives_the_records_of_the_long_one(tmp_path: Path) -> Non
         assert parts_a.keys() == parts_b.keys()
         for key, va in parts_a.items():
             assert math.isclose(float(va), float(parts_b[key]), rel_tol=1e-12, abs_tol=1e-12), (key, va)
+
+
+def test_a_steps_line_is_read_back_bit_for_bit_and_a_damaged_one_is_named(tmp_path: Path) -> None:
+    """A flush of plain steps is one ``steps`` line whose numbers come back exactly (hexadecimal float64, NaN included)
+    as the records flush_every=1 writes; a damaged one is a RunError naming the file and line, not a traceback."""
+    import math
+    import struct
+
+    import torch
+
+    from torchdoctor.ranks import deferred
+    from torchdoctor.ranks.fingerprint import RunRecorder
+
+    g = torch.Generator().manual_seed(11)
+    batches = [(torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(6)]
+    losses = [torch.tensor(v) for v in (0.1, 1 / 3, float("nan"), 1e-300, -2.5, 7.0)]
+
+    def record(out: Path, flush_every: int) -> list[dict[str, Any]]:
+        with RunRecorder(out, rank=0, flush_every=flush_every) as rec:
+            for step, (loss, batch) in enumerate(zip(losses, batches)):
+                rec.record(step, loss=loss, batch=batch)
+        return _lines(out / "fingerprints-rank0.jsonl")
+
+    now, later = record(tmp_path / "now", 1), record(tmp_path / "later", 6)
+    raw = (tmp_path / "later" / "fingerprints-rank0.jsonl").read_text().splitlines()
+    assert len(raw) == 2 and json.loads(raw[1])["kind"] == "steps"
+    for a, b in zip(now, later, strict=True):
+        assert a["step"] == b["step"] and abs(a["t"] - b["t"]) < 1
+        assert (math.isnan(a["loss"]) and math.isnan(b["loss"])) or a["loss"] == b["loss"]
+        parts_a, parts_b = (dict(p.split("=", 1) for p in x["batch"].split(";")) for x in (a, b))
+        assert parts_a.keys() == parts_b.keys() == {"[0]", "[1]"}
+        for key, va in parts_a.items():  # one dot per step vs one product per flush: equal to rounding
+            assert math.isclose(float(va), float(parts_b[key]), rel_tol=1e-12, abs_tol=1e-12), (key, va)
+    block = json.loads(raw[1])
+    again = deferred.block_records(block)
+    assert struct.pack("<6d", *(r["loss"] for r in again)).hex() == block["loss"]  # bit for bit, NaN included
+    assert [float(r["batch"].split(";")[1][4:]) for r in again] == list(
+        struct.unpack("<6d", bytes.fromhex(block["batch"][1]))
+    )
+    damaged = json.loads(raw[1])
+    damaged["loss"] = damaged["loss"][:-2]
+    (tmp_path / "later" / "fingerprints-rank0.jsonl").write_text(raw[0] + "\n" + json.dumps(damaged) + "\n")
+    with pytest.raises(RunError, match=r"fingerprints-rank0\.jsonl:2: not a RunRecorder fingerprint line"):
+        load_run(tmp_path / "later")
 
 
 def test_the_quick_road_marks_a_batch_changed_in_place_unknown(tmp_path: Path) -> None:

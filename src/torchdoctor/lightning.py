@@ -23,12 +23,12 @@ What it does, on every rank (each part can be switched off):
   (TD277 host, TD366 GPU) with the step range where its peak grew.
 * **each step** (``fingerprints=DIR``): loss and batch checksum into
   ``DIR/fingerprints-rank{R}.jsonl`` for ``torchdoctor runs diff``; parameter and gradient checksums
-  every ``params_every`` steps (50; and the initial parameters in the header; the gradient norm is
+  every ``params_every`` steps (100; and the initial parameters in the header; the gradient norm is
   ``sqrt(grads.sumsq)``).
   A parting is still found at its step: a different update shows in the next step's loss.
   ``fingerprint_every=N`` records every N-th step only (a parting is then found to within N steps).
   The loss and batch checksums are kept as references and computed, and the lines written, every
-  ``flush_every`` records (50; one transfer and one product for all of them, no CUDA sync per step),
+  ``flush_every`` records (100; one transfer and one product for all of them, no CUDA sync per step),
   at the end of training and on an exception; a hard kill (SIGKILL, the OOM killer) loses at most the
   last ``flush_every`` records. ``flush_every=1`` writes each step as it ends.
 * **on an exception** (``guard=True``): the per-rank JSON error report of :func:`torchdoctor.guard`
@@ -103,9 +103,9 @@ class DoctorCallback(_Base):
         determinism: bool = True,
         fingerprints: str | os.PathLike[str] | None = None,
         fingerprint_every: int = 1,
-        params_every: int = 50,
+        params_every: int = 100,
         memory_every: int = 10,
-        flush_every: int = 50,
+        flush_every: int = 100,
         guard: bool = True,
         report_dir: str | os.PathLike[str] = "torchdoctor-reports",
     ) -> None:
@@ -146,6 +146,7 @@ class DoctorCallback(_Base):
         self._recorder: Any = None
         self._sync_started: tuple[int, SyncCheck] | None = None
         self._files: list[RankFile] = []
+        self._step: Any = None
 
     # --- for other callbacks -------------------------------------------------------------------------
 
@@ -185,18 +186,20 @@ class DoctorCallback(_Base):
             )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._step = _global_step_reader(trainer)
         if self.determinism:
             self._determinism(trainer)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = int(trainer.global_step)
+        step = self._step() if self._step is not None else int(trainer.global_step)
         if self._recorder is not None and step % self.fingerprint_every == 0:
             model = pl_module if step % self.params_every == 0 else None
             # the gradients are this step's until the next step zeroes them; their norm is not taken each step
             # (it cost more than the rest of the record together): sqrt(grads.sumsq) every params_every steps
             self._recorder.record(step, loss=_loss_of(outputs), model=model, batch=batch)
-        if self._tracker is not None:
-            self._tracker.sample(step)
+        tracker = self._tracker
+        if tracker is not None and step % tracker.every == 0:
+            tracker.sample(step)
         if self._sync_started is not None:
             self._sync_report(trainer)
         if self.sync_every is not None and step % self.sync_every == 0:
@@ -330,6 +333,24 @@ def _device(pl_module: Any) -> Any:
         return pl_module.device
     except Exception:
         return None
+
+
+def _global_step_reader(trainer: Any) -> Any:
+    """A function giving ``trainer.global_step`` without the property's walk through the trainer and the module each
+    step: the counter Lightning increments itself (automatic optimization: optimizer steps completed; manual:
+    ``optimizer.step()`` calls completed), checked once against ``global_step``; the property itself where that
+    counter is not found (another Lightning version)."""
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        if trainer.lightning_module.automatic_optimization:
+            total = loop.automatic_optimization.optim_progress.optimizer.step.total
+        else:
+            total = loop.manual_optimization.optim_step_progress.total
+        if int(total.completed) == int(trainer.global_step):
+            return lambda: total.completed
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return lambda: int(trainer.global_step)
 
 
 def _loss_of(outputs: Any) -> Any:

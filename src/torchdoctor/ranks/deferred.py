@@ -22,7 +22,7 @@ of its own: the fewer operations per step, the better.
 
 from __future__ import annotations
 
-import math
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +42,6 @@ def _tensor_type() -> Any:
     return _TENSOR
 
 
-_LINE = '{"kind": "step", "step": %d, "t": %r, "loss": %r, "batch": "%s"}'
-"""A quick record's JSON line, as the encoder writes it (the batch text holds only digits, signs and [];=)."""
 Quick = tuple[int, float, Any, Any, tuple[int, ...], int]
 """A quick record: ``(step, time, loss or None, batch leaves, their versions, their bytes)``."""
 
@@ -203,9 +201,46 @@ def finish(pending: list[Pending]) -> list[dict[str, Any]]:
     return [p.rec for p in pending]
 
 
+def batch_text(values: tuple[float, ...] | list[float]) -> str:
+    """A tuple/list batch's ``batch`` field from its leaves' checksums: ``[0]=...;[1]=...`` (as the long road writes
+    it for such a batch)."""
+    return ";".join(f"{_PATHS[j]}={v!r}" for j, v in enumerate(values))
+
+
+def _hex(values: list[float]) -> str:
+    return struct.pack(f"<{len(values)}d", *values).hex()
+
+
+def _unhex(text: str, n: int) -> list[float]:
+    raw = bytes.fromhex(text)
+    if len(raw) != 8 * n:
+        raise ValueError(f"{len(raw)} bytes where {n} float64 values were expected")
+    return list(struct.unpack(f"<{n}d", raw))
+
+
+def block_records(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step records a ``{"kind": "steps"}`` line holds (see :func:`finish_quick`), as the one-line-a-step
+    records would be; ``ValueError`` when the line is not well formed."""
+    steps, t_ms, batch = block["step"], block["t_ms"], block["batch"]
+    n = len(steps)
+    if not isinstance(steps, list) or not all(type(s) is int for s in steps) or len(t_ms) != n:
+        raise ValueError("a steps block without integer steps and one time per step")
+    if not isinstance(batch, list) or not batch:
+        raise ValueError("a steps block without batch columns")
+    losses = _unhex(block["loss"], n)
+    columns = [_unhex(column, n) for column in batch]
+    return [
+        {"kind": "step", "step": steps[i], "t": t_ms[i] / 1000, "loss": losses[i], "batch": batch_text(row)}
+        for i, row in enumerate(zip(*columns))
+    ]
+
+
 def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
-    """The JSON lines of a run of quick captures, in order (what ``encode`` would give for their records): the
-    losses read in one transfer, each batch position checksummed with one stack and one product."""
+    """The JSON lines of a run of quick captures, in step order: the losses read in one transfer, each batch position
+    checksummed with one stack and one product. Consecutive records with a loss and a known batch of one width go on
+    one ``{"kind": "steps", "step": [...], "t_ms": [...], "loss": HEX, "batch": [HEX per position]}`` line (HEX:
+    the float64 values, little-endian, as hexadecimal: written without a ``repr`` per number, read back bit for
+    bit by :func:`block_records`); the others on a line each, as the long road writes them."""
     n = len(quick)
     losses = [(i, q[2]) for i, q in enumerate(quick) if q[2] is not None]
     loss: list[float | None] = [None] * n
@@ -218,32 +253,50 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
             values = _read_scalars(tensors)
         for (i, _), v in zip(losses, values):
             loss[i] = v
-    batch: list[str | None] = [None] * n
+    sums: list[tuple[float, ...] | None] = [None] * n
     unknown = [False] * n
     if [t._version for q in quick for t in q[3]] != [v for q in quick for v in q[4]]:
         for i, q in enumerate(quick):
             unknown[i] = any(t._version != v for t, v in zip(q[3], q[4]))
     valid = [i for i in range(n) if not unknown[i]]
     for members, columns in _checksum_columns(quick, valid):
-        width = len(columns)
-        template = ";".join(f"{_PATHS[j]}=%r" for j in range(width))
-        for i, row in zip(members, zip(*columns)):
-            batch[i] = template % row
-    lines = []
+        for i, sums_of_row in zip(members, zip(*columns)):
+            sums[i] = sums_of_row
+    lines: list[str] = []
+    block: list[int] = []
+
+    def close_block() -> None:
+        if block:
+            lines.append(
+                encode(
+                    {
+                        "kind": "steps",
+                        "step": [quick[i][0] for i in block],
+                        "t_ms": [int(quick[i][1] * 1000 + 0.5) for i in block],
+                        "loss": _hex([loss[i] for i in block]),  # type: ignore[misc]
+                        "batch": [_hex(list(column)) for column in zip(*(sums[i] or () for i in block))],
+                    }
+                )
+            )
+            block.clear()
+
     for i, q in enumerate(quick):
-        value, text = loss[i], batch[i]
-        if value is not None and text is not None and math.isfinite(value):
-            # what encode() gives for this record, without its walk: only digits, signs and [];= in the batch text
-            lines.append(_LINE % (q[0], round(q[1], 3), value, text))
+        row = sums[i]
+        if loss[i] is not None and row is not None:
+            if block and len(sums[block[0]]) != len(row):  # type: ignore[arg-type]
+                close_block()
+            block.append(i)
             continue
+        close_block()
         rec: dict[str, Any] = {"kind": "step", "step": int(q[0]), "t": round(q[1], 3)}
-        if value is not None:
-            rec["loss"] = value
+        if loss[i] is not None:
+            rec["loss"] = loss[i]
         if unknown[i]:
             rec["batch_unknown"] = "a batch tensor was changed in place before its checksum was read"
-        elif text is not None:
-            rec["batch"] = text
+        elif row is not None:
+            rec["batch"] = batch_text(row)
         lines.append(encode(rec))
+    close_block()
     return lines
 
 
@@ -275,7 +328,8 @@ def _column(tensors: list[Any]) -> list[float]:
     """Checksums of same-dtype CPU tensors (one batch position over several steps); ``RuntimeError`` when
     their shapes differ."""
     t0 = tensors[0]
-    if t0.dtype.is_complex or any(t.numel() == 0 for t in tensors):
+    # an empty first tensor: one by one; an empty one later has another shape, and the stack refuses it
+    if t0.dtype.is_complex or t0.numel() == 0:
         from .fingerprint import _tensor_sum
 
         return [float(_tensor_sum(t).item()) for t in tensors]

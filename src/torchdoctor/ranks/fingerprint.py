@@ -17,9 +17,11 @@ parameters the previous step left; ``params`` are the parameters after this step
 
 Files: ``RUN_DIR/fingerprints-rank{R}.jsonl``, one JSON object per line, appended whole with one
 ``O_APPEND`` write per batch of lines (:class:`torchdoctor.RankFile`): a header
-``{"kind": "header", "schema": 1, "rank", "world_size", "torch", "seed", "initial_seed", "started",
+``{"kind": "header", "schema": 2, "rank", "world_size", "torch", "seed", "initial_seed", "started",
 "pid", "host", "meta", "init"?}``, then per step ``{"kind": "step", "step", "batch"?, "loss"?,
-"grad_norm"?, "params"?, "grads"?, "extra"?, "t"}``. Recording again into the same
+"grad_norm"?, "params"?, "grads"?, "extra"?, "t"}``; with ``flush_every`` > 1, runs of plain steps (a loss and a
+tuple/list batch, nothing else) share one ``{"kind": "steps"}`` line, their numbers as float64 hexadecimal
+(:func:`~torchdoctor.ranks.deferred.finish_quick`; the reader gives them back as step records, bit for bit). Recording again into the same
 directory appends a new header: from its first step on, the new recording replaces the old one (a
 run resumed from a checkpoint at that step, or the same directory recorded again from step 0).
 
@@ -48,9 +50,21 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import TorchDoctorError, positive_count
-from .deferred import HELD_LIMIT, Pending, Quick, capture_batch, deferrable_scalar, finish, finish_quick, quick_capture
+from .deferred import (
+    HELD_LIMIT,
+    Pending,
+    Quick,
+    block_records,
+    capture_batch,
+    deferrable_scalar,
+    finish,
+    finish_quick,
+    quick_capture,
+)
 
-SCHEMA = 1
+SCHEMA = 2
+"""Written in headers; 2 added ``steps`` lines (several quick records on one line). Schema 1 files are read too."""
+READABLE = (1, 2)
 FILE_RE = re.compile(r"^fingerprints-rank(\d+)\.jsonl$")
 _ENCODER = json.JSONEncoder(default=str)
 #: The golden ratio's fractional part: position weights that never repeat in a useful period.
@@ -468,17 +482,19 @@ class RunRecorder:
         if self._file is None:
             raise ValueError(f"RunRecorder for {self.path} is closed")
         encode = _ENCODER.encode
-        quick = [i for i, p in enumerate(pending) if type(p) is tuple]
-        lines: list[str]
-        if len(quick) == len(pending):
-            lines = finish_quick(pending, encode)  # type: ignore[arg-type]
-        else:
-            lines = [""] * len(pending)
-            slow = [i for i, p in enumerate(pending) if type(p) is not tuple]
-            for i, line in zip(quick, finish_quick([pending[i] for i in quick], encode)):  # type: ignore[misc]
-                lines[i] = line
-            for i, rec in zip(slow, finish([pending[i] for i in slow])):  # type: ignore[misc]
-                lines[i] = encode(rec)
+        lines: list[str] = []
+        start = 0
+        while start < len(pending):  # runs of quick and of long-road records, in step order
+            quick = type(pending[start]) is tuple
+            end = start + 1
+            while end < len(pending) and (type(pending[end]) is tuple) == quick:
+                end += 1
+            run = pending[start:end]
+            if quick:
+                lines += finish_quick(run, encode)  # type: ignore[arg-type]
+            else:
+                lines += [encode(rec) for rec in finish(run)]  # type: ignore[arg-type]
+            start = end
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
 
@@ -542,15 +558,19 @@ def _parse(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise RunError(f"{path}: cannot be read as a fingerprint file ({exc})") from None
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-    records, notes = [], []
+    records: list[dict[str, Any]] = []
+    notes: list[str] = []
     for pos, (number, line) in enumerate(lines):
         try:
             rec = json.loads(line)
-            if not isinstance(rec, dict) or rec.get("kind") not in ("header", "step"):
+            if not isinstance(rec, dict) or rec.get("kind") not in ("header", "step", "steps"):
                 raise ValueError("not a header or step record")
             if rec["kind"] == "step" and not isinstance(rec.get("step"), int):
                 raise ValueError("a step record without an integer step")
-        except (ValueError, KeyError) as exc:
+            if rec["kind"] == "steps":
+                records += block_records(rec)
+                continue
+        except (ValueError, KeyError, TypeError) as exc:
             if pos == len(lines) - 1 and pos > 0 and not text.endswith("\n"):
                 notes.append(f"{path.name}:{number}: the last line is cut short and was left out")
                 break
@@ -564,11 +584,18 @@ def _parse(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             f"{path}: does not start with RunRecorder's header line; record runs with "
             "torchdoctor.ranks.fingerprint.RunRecorder (see docs/runs.md)"
         )
-    if records[0].get("schema") != SCHEMA:
+    if records[0].get("schema") not in READABLE:
         raise RunError(
-            f"{path}: fingerprint schema {records[0].get('schema')!r}; this torchdoctor reads schema {SCHEMA}"
+            f"{path}: fingerprint schema {records[0].get('schema')!r}; this torchdoctor reads schemas "
+            f"{', '.join(map(str, READABLE))}: compare it with the torchdoctor that recorded it"
         )
     return records, notes
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """One fingerprints file's records in file order, the header first, ``steps`` lines given back as step records
+    (a last line cut short is left out). :class:`RunError` when it is not a RunRecorder file."""
+    return _parse(Path(os.fspath(path)))[0]
 
 
 def _segments(records: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[int, dict[str, Any]], int]:

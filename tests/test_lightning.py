@@ -66,9 +66,13 @@ def test_clean_run_passes_every_check_and_prints_preflight_once(tmp_path: Path) 
     assert not (out / "torchdoctor-reports").exists()
 
 
-def test_perturbed_rank_is_named_within_sync_every_steps_and_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reuse", [False, True], ids=["own-digest", "digest-from-fingerprints"])
+def test_perturbed_rank_is_named_within_sync_every_steps_and_reported(tmp_path: Path, reuse: bool) -> None:
+    """reuse: fingerprints with parameter totals every 5 steps, so each check takes its digest from the record of
+    its own step instead of reading the parameters again."""
     out = tmp_path / "perturbed"
-    proc, results = job(out, "--doctor", "--sync-every", "5", "--perturb", "1:7")
+    more = ("--fingerprints", str(tmp_path / "fp"), "--params-every", "5") if reuse else ()
+    proc, results = job(out, "--doctor", "--sync-every", "5", "--perturb", "1:7", *more)
     assert proc.returncode != 0
     err = proc.stderr
     line = next(x for x in err.splitlines() if "TD469" in x and "torchdoctor (step" in x)

@@ -166,6 +166,37 @@ def _counted(rank: int) -> dict[str, Any]:
     return out
 
 
+def _given_totals(rank: int) -> dict[str, Any]:
+    """The digest taken from a fingerprint record's parameter totals (what DoctorCallback passes at a step that
+    records them): equal models pass in one collective, a weight changed on rank 1 is named, and totals of another
+    size (another module's) are not used."""
+    import torch.distributed as dist
+
+    from torchdoctor.ranks.fingerprint import fingerprint_module
+    from torchdoctor.ranks.sync import start_check
+
+    calls = []
+    real = dist.all_gather
+
+    def counting(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    dist.all_gather = counting
+    net = _net()
+    out: dict[str, Any] = {}
+    out["equal"] = (start_check(net, params_totals=fingerprint_module(net)["params"]).report().ok, len(calls))
+    if rank == 1:
+        with torch.no_grad():
+            net[3].weight[0, 1] += 0.25
+    calls.clear()
+    report = start_check(net, params_totals=fingerprint_module(net)["params"]).report()
+    out["changed"] = (report.ok, len(calls), [(m.name, list(m.ranks)) for m in report.mismatches])
+    other = fingerprint_module(_net(hidden=8))["params"]  # rank 1's change is still there: seen without them
+    out["other_size"] = [m.name for m in start_check(net, params_totals=other).report().mismatches]
+    return out
+
+
 # -- real process groups ----------------------------------------------------------------------------------
 
 
@@ -234,6 +265,13 @@ def test_a_permutation_of_values_is_seen(tmp_path: Path) -> None:
     results = run_ranks(2, _permuted, tmp_path)
     report = _same_report_everywhere(results)
     assert [(m["name"], m["ranks"]) for m in report["mismatches"]] == [("0.weight", [1])]
+
+
+def test_the_digest_can_come_from_a_fingerprint_record_of_the_same_step(tmp_path: Path) -> None:
+    for r in run_ranks(2, _given_totals, tmp_path):
+        assert r["equal"] == [True, 1]  # one collective when the ranks agree
+        assert r["changed"] == [False, 2, [["3.weight", [1]]]]  # the checksums gathered only on a difference
+        assert r["other_size"] == ["3.weight"]
 
 
 def test_outside_a_process_group_it_is_world_1_and_ok() -> None:

@@ -205,7 +205,10 @@ class DoctorCallback(_Base):
         if self.sync_every is not None and step % self.sync_every == 0:
             from .ranks.sync import start_check
 
-            self._sync_started = (step, start_check(pl_module, buffers=self.buffers))
+            # the parameters' totals of a fingerprint record of this very step are the check's digest too
+            last = self._recorder.last_params if self._recorder is not None else None
+            totals = last[1] if last is not None and last[0] == step else None
+            self._sync_started = (step, start_check(pl_module, buffers=self.buffers, params_totals=totals))
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self._sync_started is not None:  # before the memory gather, in the same order on every rank

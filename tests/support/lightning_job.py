@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=0)
     ap.add_argument("--safe-log", action="store_true")
     ap.add_argument("--fingerprints", default=None)
+    ap.add_argument("--params-every", type=int, default=100)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--devices", type=int, default=2)
@@ -105,6 +106,7 @@ def main() -> None:
             sync_every=args.sync_every,
             on_mismatch=args.on_mismatch,
             fingerprints=args.fingerprints,
+            params_every=args.params_every,
             report_dir=out / "torchdoctor-reports",
         )
         callbacks.append(doctor)

@@ -32,8 +32,9 @@ TD469 = register(
         "Look for rank-dependent code paths that touch {name}: `if rank == ...` around loading or initialisation, "
         "seeds drawn per rank before a layer is created, buffers updated outside forward (DDP broadcasts buffers "
         "only from rank 0's forward).",
-        meaning="`check_in_sync` computed a few checksums of every parameter and buffer (sum, sum of squares, two "
-        "position-weighted sums, in float64) on every rank and gathered them in one collective. The named tensor's "
+        meaning="`check_in_sync` compared a digest of the parameters and buffers across the ranks; they differed, so "
+        "it computed a few checksums of every parameter and buffer (sum, sum of squares, two position-weighted "
+        "sums, in float64) on every rank and gathered them in a second collective. The named tensor's "
         "checksums on the named ranks differ from the reference: the value most ranks hold, or rank 0's when no "
         "value has a majority. The first line names the first such tensor in module order. `<structure>` means the "
         "ranks do not even hold the same list of tensors (names, shapes, dtypes).",

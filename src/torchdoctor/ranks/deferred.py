@@ -259,7 +259,20 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
         for i, q in enumerate(quick):
             unknown[i] = any(t._version != v for t, v in zip(q[3], q[4]))
     valid = [i for i in range(n) if not unknown[i]]
-    for members, columns in _checksum_columns(quick, valid):
+    grouped = _checksum_columns(quick, valid)
+    if len(grouped) == 1 and len(grouped[0][0]) == n and None not in loss:  # the usual flush: one line, no loop
+        return [
+            encode(
+                {
+                    "kind": "steps",
+                    "step": [q[0] for q in quick],
+                    "t_ms": [int(q[1] * 1000 + 0.5) for q in quick],
+                    "loss": _hex(loss),  # type: ignore[arg-type]
+                    "batch": [_hex(column) for column in grouped[0][1]],
+                }
+            )
+        ]
+    for members, columns in grouped:
         for i, sums_of_row in zip(members, zip(*columns)):
             sums[i] = sums_of_row
     lines: list[str] = []

@@ -304,6 +304,15 @@ def _per_tensor_totals(tensors: list[Any], names: list[str], per_tensor: bool) -
     return out
 
 
+def tensor_totals(tensors: list[Any]) -> dict[str, Any]:
+    """``{n, sum, sumsq, wsum}`` of some tensors taken as one (a module's ``params`` in a record): one float64 copy
+    of them all and three reductions when they are small enough (:data:`FLAT_LIMIT`), else per tensor. The same
+    tensors give the same bits on the same hardware; ``check_in_sync`` compares ranks by them."""
+    if _flat_eligible(tensors):
+        return _flat_totals([tensors])[0]
+    return _per_tensor_totals(tensors, [""] * len(tensors), False)
+
+
 def fingerprint_module(m: Any, *, per_tensor: bool = False) -> dict[str, Any]:
     """``{"params": {n, sum, sumsq, wsum}, "grads": {...} | None}`` of a module's parameters (and their
     gradients, when any exist); ``per_tensor``: also ``{"tensors": {name: [sum, sumsq]}}`` under each."""
@@ -400,6 +409,8 @@ class RunRecorder:
         positive_count("every", every)
         positive_count("flush_every", flush_every, "records")
         self.flush_every = flush_every
+        self.last_params: tuple[int, dict[str, Any] | None] | None = None
+        """``(step, params)`` of the last record with a model: a sync check of the same step reuses them."""
         self._pending: list[Pending | Quick] = []
         self._held = 0
         self.rank = current_rank() if rank is None else int(rank)
@@ -460,6 +471,7 @@ class RunRecorder:
         if model is not None:
             fp = fingerprint_module(model, per_tensor=self.per_tensor)
             rec["params"] = fp["params"]
+            self.last_params = (int(step), fp["params"])
             if fp["grads"] is not None:
                 rec["grads"] = fp["grads"]  # their norm is sqrt(sumsq)
         if extra:

@@ -1,10 +1,14 @@
 """``check_in_sync``: do all ranks hold the same parameters and buffers? Checksums in one collective.
 
-Every rank reduces each tensor of its model to :data:`CHECKSUMS` float64 numbers on the tensor's
-own device (no copy leaves the device but the result), stacks them into one tensor and all_gathers
-it; every rank then runs the same pure rule, :func:`compare`, on the same rank x tensor matrix, so
-the same :class:`SyncReport` exists on every rank (and ``raise_on_mismatch`` raises on all of them,
-never leaving one rank waiting in a collective).
+Every rank reduces its parameters and buffers to a digest (``n``, sum, sum of squares and a
+position-weighted sum of each group, from one float64 copy: :func:`~.fingerprint.tensor_totals`) and
+all_gathers a header of three numbers: the tensor count, a 52-bit hash of names, shapes and dtypes,
+and a 52-bit hash of the digest. Equal headers: the ranks agree, one collective. Otherwise every
+rank reduces each tensor to :data:`CHECKSUMS` float64 numbers on the tensor's own device (no copy
+leaves the device but the result) and all_gathers them; every rank then runs the same pure rule,
+:func:`compare`, on the same rank x tensor matrix (with a tolerance for last bits), so the same
+:class:`SyncReport` exists on every rank (and ``raise_on_mismatch`` raises on all of them, never
+leaving one rank waiting in a collective).
 
 The checksums of a flattened tensor ``x`` viewed as rows of :data:`ROW` elements:
 
@@ -14,10 +18,10 @@ The checksums of a flattened tensor ``x`` viewed as rows of :data:`ROW` elements
   weights ``1 + frac(i * c)`` for two irrational ``c`` (distinct for every ``i``): values that trade
   places meet other weights, so a permutation changes one of them.
 
-Before the checksums, the ranks gather a header of two numbers (the tensor count and a 52-bit hash
-of names, shapes and dtypes): ranks that built different models would otherwise call the second
-gather with tensors of other sizes. A header that differs is reported as the tensor ``<structure>``
-(the per-rank lists are then gathered with ``all_gather_object``, so the report says where they part).
+The structure in the header comes first: ranks that built different models would otherwise call the
+second gather with tensors of other sizes. A structure that differs is reported as the tensor
+``<structure>`` (the per-rank lists are then gathered with ``all_gather_object``, so the report says
+where they part).
 
 Cost, measured on this repository's development machine (2 cores shared by both ranks, no GPU,
 torch 2.13.0 CPU, gloo over loopback, 2 ranks forked with one thread each, DDP-wrapped MLPs of 6
@@ -26,10 +30,12 @@ tensors, median of 20 calls after 5 warm-up calls, two runs, before the small-te
 15-17 ms (step 85-143 ms), 21 M parameters 29-30 ms (step 447-484 ms). Every 100 steps that is
 0.06-0.35 % of the step time. The checksums grow with the parameter count (one float64 conversion and
 three passes per element, in 4 MiB chunks), the gathers with the number of tensors (4 floats each).
-Tensors of one chunk or less are now checksummed together from one float64 copy
-(:func:`_small_checksums`): for a 74 k-parameter MLP of 6 tensors, 760 -> 200 us a call in a loop of
-its own, 1.2 -> about 1.1 ms inside the Lightning benchmark's training loop (``benchmarks/ranks_overhead.py``),
-where the start of the asynchronous gather alone takes about 65 us.
+Since session 9 the ranks first compare a digest (see above): the per-tensor checksums are taken only
+when the digests differ, and tensors of one chunk or less are then checksummed together from one
+float64 copy (:func:`_small_checksums`; a 74 k-parameter MLP of 6 tensors: 760 -> 200 us in a loop of
+its own). Inside the Lightning benchmark's training loop (``benchmarks/ranks_overhead.py``, its digest
+taken from the fingerprint record of the same step) a check costs about 0.4-0.5 ms, of which the start
+of the asynchronous gather is about 65 us; it was 1.2 ms.
 
 Not for sharded models (FSDP, DTensor): each rank holds another shard by design.
 """
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,12 +283,6 @@ def _structure_hash(entries: list[str]) -> int:
     return int.from_bytes(digest, "big") >> 12
 
 
-def _bytes_hash(values: Any) -> int:
-    """52 bits of a hash of a tensor's bytes (equal bytes, equal hash), exact in a float64."""
-    digest = hashlib.blake2b(values.detach().cpu().numpy().tobytes(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 12
-
-
 def _weights(start: int, stop: int, c: float, device: Any) -> Any:
     """Weights ``1 + frac(i * c)`` for ``i`` in ``[start, stop)``, float64 on ``device``."""
     import torch
@@ -457,17 +458,28 @@ def check_in_sync(
 
 
 class SyncCheck:
-    """A check started by :func:`start_check`: the checksums are taken and their gather is on its way;
-    :meth:`report` waits for it (and, only when the ranks differ, gathers the checksums themselves to
-    name the tensors). Every rank must call :meth:`report` at the same point, as for any collective."""
+    """A check started by :func:`start_check`: the ranks' digests are taken and their gather is on its way;
+    :meth:`report` waits for it (and, only when the digests differ, takes and gathers every tensor's
+    checksums to name the tensors). Every rank must call :meth:`report` at the same point, as for any
+    collective.
 
-    def __init__(self, module: Any, *, group: Any = None, buffers: bool = True) -> None:
+    The digest: the parameters' and the buffers' ``{n, sum, sumsq, wsum}`` (:func:`~.fingerprint.tensor_totals`:
+    one float64 copy and three reductions, cheaper than four reductions per tensor), hashed into the header
+    with the structure. ``params_totals``: the parameters' totals already taken at this point (a
+    :class:`~.fingerprint.RunRecorder` record of the same step), so they are not taken twice. When the digests
+    differ, the per-tensor checksums are taken at :meth:`report`: a check read a step later (``DoctorCallback``)
+    names the tensors that differ one step after the one whose digest differed (a divergence stays)."""
+
+    def __init__(
+        self, module: Any, *, group: Any = None, buffers: bool = True, params_totals: dict[str, Any] | None = None
+    ) -> None:
         import torch
 
         inner = _unwrap(module)
         tensors = _tensors(inner, buffers)
         self.names = [name for name, _ in tensors]
         self.group = group
+        self._tensors = tensors
         self._work: Any = None
         self._result: SyncReport | None = None
         dist = _distributed()
@@ -480,16 +492,16 @@ class SyncCheck:
         if self.world == 1:
             self._result = SyncReport(ok=True, world_size=1, rank=self.rank, checked=len(tensors))
             return
-        device = _gather_device(group, tensors)
+        self.device = _gather_device(group, tensors)
         self.entries = _structure_entries(tensors)
         with torch.no_grad():
-            self.local = _stack(tensors, device)
-        # one collective when the ranks agree (the usual case): the structure, and a hash of the
-        # checksums' bytes; only when the hashes differ are the checksums gathered, to name the tensors
+            digest = _digest(tensors, params_totals)
+        # one collective when the ranks agree (the usual case): the structure, and a hash of the digest; only
+        # when the hashes differ are the per-tensor checksums taken and gathered, to name the tensors
         header = torch.tensor(
-            [float(len(tensors)), float(_structure_hash(self.entries)), float(_bytes_hash(self.local))],
+            [float(len(tensors)), float(_structure_hash(self.entries)), float(_values_hash(digest))],
             dtype=torch.float64,
-            device=device,
+            device=self.device,
         )
         self._parts = [torch.empty_like(header) for _ in range(self.world)]
         self._work = dist.all_gather(self._parts, header, group=group, async_op=True)
@@ -519,17 +531,46 @@ class SyncCheck:
             return SyncReport(ok=False, world_size=world, rank=rank, checked=0, mismatches=(found,))
         if len({d for _, _, d in gathered}) == 1:
             return SyncReport(ok=True, world_size=world, rank=rank, checked=checked)
-        rows = _all_gather(self.local, self.group, world)
+        with torch.no_grad():
+            local = _stack(self._tensors, self.device)
+        rows = _all_gather(local, self.group, world)
         found_all = compare(rows, self.names)
         mismatches = tuple(Mismatch(m.name, tuple(ranks[r] for r in m.ranks), m.max_abs_diff) for m in found_all)
         return SyncReport(ok=not mismatches, world_size=world, rank=rank, checked=checked, mismatches=mismatches)
 
 
-def start_check(module: Any, *, group: Any = None, buffers: bool = True) -> SyncCheck:
-    """:func:`check_in_sync` in two halves: this takes the checksums and starts their gather (no wait);
+def _digest(tensors: list[tuple[str, Any]], params_totals: dict[str, Any] | None) -> list[float]:
+    """The parameters' and the buffers' totals (``n, sum, sumsq, wsum`` each) as one list of floats; the given
+    parameters' totals are used when they are of as many elements as the parameters here."""
+    from .fingerprint import tensor_totals
+
+    params = [t for name, t in tensors if not name.startswith("buffer:")]
+    buffers = [t for name, t in tensors if name.startswith("buffer:")]
+    out: list[float] = []
+    for group, given in ((params, params_totals), (buffers, None)):
+        if not group:
+            out += [0.0] * 4
+            continue
+        n = sum(t.numel() for t in group)
+        totals = given if given is not None and given.get("n") == n else tensor_totals(group)
+        out += [float(totals["n"]), float(totals["sum"]), float(totals["sumsq"]), float(totals["wsum"])]
+    return out
+
+
+def _values_hash(values: list[float]) -> int:
+    """52 bits of a hash of floats' bytes (equal values, equal hash; NaN included), exact in a float64."""
+    digest = hashlib.blake2b(struct.pack(f"<{len(values)}d", *values), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 12
+
+
+def start_check(
+    module: Any, *, group: Any = None, buffers: bool = True, params_totals: dict[str, Any] | None = None
+) -> SyncCheck:
+    """:func:`check_in_sync` in two halves: this takes the digest and starts its gather (no wait);
     ``.report()`` later, at the same point on every rank, gives the report. The training loop goes on
-    in between (a step, say), so the check costs no wait for the slower rank or the network."""
-    return SyncCheck(module, group=group, buffers=buffers)
+    in between (a step, say), so the check costs no wait for the slower rank or the network.
+    ``params_totals``: see :class:`SyncCheck`."""
+    return SyncCheck(module, group=group, buffers=buffers, params_totals=params_totals)
 
 
 def _distributed() -> Any:

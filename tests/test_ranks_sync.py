@@ -133,14 +133,11 @@ def _permuted(rank: int) -> dict[str, Any]:
     return _report(check_in_sync(net))
 
 
-def _counted(rank: int) -> dict[str, Any]:
-    """The collectives check_in_sync makes: identical models, then a last-bit difference on rank 1 (within
-    compare's tolerance: the checksums' bytes differ, the report is still ok), then a real one."""
+def _count_all_gathers() -> list[int]:
+    """A list that grows by one at each ``all_gather`` this process makes from now on."""
     import torch.distributed as dist
 
-    from torchdoctor.ranks.sync import check_in_sync
-
-    calls = []
+    calls: list[int] = []
     real = dist.all_gather
 
     def counting(*a: Any, **k: Any) -> Any:
@@ -148,6 +145,15 @@ def _counted(rank: int) -> dict[str, Any]:
         return real(*a, **k)
 
     dist.all_gather = counting
+    return calls
+
+
+def _counted(rank: int) -> dict[str, Any]:
+    """The collectives check_in_sync makes: identical models, then a last-bit difference on rank 1 (within
+    compare's tolerance: the checksums' bytes differ, the report is still ok), then a real one."""
+    from torchdoctor.ranks.sync import check_in_sync
+
+    calls = _count_all_gathers()
     net = _net()
     out: dict[str, Any] = {}
     out["equal"] = (check_in_sync(net).ok, len(calls))
@@ -170,19 +176,10 @@ def _given_totals(rank: int) -> dict[str, Any]:
     """The digest taken from a fingerprint record's parameter totals (what DoctorCallback passes at a step that
     records them): equal models pass in one collective, a weight changed on rank 1 is named, and totals of another
     size (another module's) are not used."""
-    import torch.distributed as dist
-
     from torchdoctor.ranks.fingerprint import fingerprint_module
     from torchdoctor.ranks.sync import start_check
 
-    calls = []
-    real = dist.all_gather
-
-    def counting(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return real(*a, **k)
-
-    dist.all_gather = counting
+    calls = _count_all_gathers()
     net = _net()
     out: dict[str, Any] = {}
     out["equal"] = (start_check(net, params_totals=fingerprint_module(net)["params"]).report().ok, len(calls))

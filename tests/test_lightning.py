@@ -18,7 +18,7 @@ import pytest
 from torchdoctor.explain import shows
 from torchdoctor.lab import get
 from torchdoctor.lab.runner import missing_needs, run
-from torchdoctor.ranks.fingerprint import read_records
+from torchdoctor.ranks.runfile import read_records
 
 from .conftest import REPO
 from .support.gloo import finished

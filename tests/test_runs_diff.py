@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from torchdoctor.ranks.diff import diff_runs
-from torchdoctor.ranks.fingerprint import Run, RunError, load_run
+from torchdoctor.ranks.runfile import Run, RunError, load_run
 
 from .conftest import REPO, run_cli
 
@@ -349,7 +349,7 @@ def test_a_record_with_the_model_carries_the_gradient_norm_in_its_sums(tmp_path:
 def _lines(path: Path) -> list[dict[str, Any]]:
     """The step records of one file, ``steps`` lines given back as records (header left out); none while RankFile
     still holds the header."""
-    from torchdoctor.ranks.fingerprint import read_records
+    from torchdoctor.ranks.runfile import read_records
 
     return read_records(path)[1:] if path.read_text().strip() else []
 

@@ -58,7 +58,7 @@ def diff(run_a: str, run_b: str, fmt: str, rtol: float, atol: float) -> None:
     Exit status: 0 the runs agree, 1 they part, 2 bad input.
     """
     from .ranks.diff import diff_runs, render
-    from .ranks.fingerprint import RunError, load_run
+    from .ranks.runfile import RunError, load_run
 
     a, b = load_run(run_a), load_run(run_b)
     result = diff_runs(a, b, rtol=rtol, atol=atol)
@@ -80,7 +80,7 @@ def show(run: str, fmt: str) -> None:
     Example:
       torchdoctor runs show runs/a
     """
-    from .ranks.fingerprint import load_run
+    from .ranks.runfile import load_run
 
     summary = run_summary(load_run(run))
     finish(lambda: _render_show(summary, fmt, sys.stdout), 0)
@@ -96,7 +96,7 @@ def _extent(run: Any) -> str:
 
 def run_summary(run: Any) -> dict[str, Any]:
     """What ``runs show`` prints, as data: the run's path, notes, and one row per rank."""
-    from .ranks.fingerprint import finite
+    from .ranks.runfile import finite
 
     rows = []
     for rank in run.ranks:

@@ -1,6 +1,6 @@
 """Where two recorded runs part: the first step, the rank, and what differed first (``torchdoctor runs diff``).
 
-:func:`diff_runs` is pure: two :class:`~torchdoctor.ranks.fingerprint.Run` in, a :class:`RunDiff` out.
+:func:`diff_runs` is pure: two :class:`~torchdoctor.ranks.runfile.Run` in, a :class:`RunDiff` out.
 For each rank both runs recorded, the steps both recorded are compared in order; at the first step
 where a field differs, the fields are read in the order they came about (see the record semantics in
 :mod:`torchdoctor.ranks.fingerprint`)::
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..model import Evidence, Finding
-from .fingerprint import Run, finite
+from .runfile import Run, finite
 
 SCHEMA_VERSION = 1
 #: The fields of a step record in the order they come about during a step.

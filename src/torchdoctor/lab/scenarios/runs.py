@@ -99,7 +99,7 @@ def _train(run_dir: str, fixed: bool) -> None:
 )
 def runs_unseeded_worker(fixed: bool) -> None:
     from torchdoctor.ranks.diff import diff_runs, render
-    from torchdoctor.ranks.fingerprint import load_run
+    from torchdoctor.ranks.runfile import load_run
 
     where = tempfile.mkdtemp(prefix="torchdoctor-lab-runs-")
     try:

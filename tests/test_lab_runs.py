@@ -65,3 +65,21 @@ def test_fixed_runs_agree(records: dict[bool, RunRecord]) -> None:
 def test_no_temporary_directory_is_left_behind(records: dict[bool, RunRecord]) -> None:
     assert all(r.exit_code is not None for r in records.values())
     assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("torchdoctor-lab-runs-")]
+
+
+def test_a_scenario_killed_at_its_deadline_leaves_no_temporary_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that makes a temporary directory and then hangs, killed at a 2 s deadline (SIGKILL to its session:
+    its own cleanup never runs): the directory goes anyway, with the scratch directory (TMPDIR) the runner made
+    for the run."""
+    import sys
+
+    from torchdoctor.lab import runner
+
+    code = "import tempfile, time; print(tempfile.mkdtemp(prefix='torchdoctor-lab-x-'), flush=True); time.sleep(60)"
+    monkeypatch.setattr(runner, "_child_argv", lambda s, fixed: ([sys.executable, "-c", code], None))
+    rec = run(get(NAME), timeout=2.0)
+    made = rec.output.decode().split()[0]
+    assert rec.timed_out and made.startswith(tempfile.gettempdir())
+    scratch = os.path.dirname(made)
+    assert os.path.basename(scratch).startswith(f"torchdoctor-lab-{NAME}-")  # inside the run's own directory
+    assert not os.path.exists(made) and not os.path.exists(scratch)

@@ -6,6 +6,8 @@ The child is watched by :func:`torchdoctor.supervise.supervise` (the one supervi
 memory overrun (PSS of its session), Ctrl-C, SIGTERM or SIGHUP its whole session is killed (a
 killed DataLoader owner can orphan workers that pin thousands of shm segments), and so is
 anything left of it after a normal exit. Only processes this runner started are ever signalled.
+The child's ``TMPDIR`` is a directory of this run (``torchdoctor-lab-<scenario>-*``), removed after
+its session is gone, so what a killed scenario could not clean up (its temporary directories) goes too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -158,11 +161,25 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None, watch: f
         record.skipped = reason
         return record
     limit = timeout or s.timeout
+    # the scenario's temporary files go into a directory of this run, removed once its session is gone: a child
+    # killed at its deadline, past its memory bound or with torchdoctor (SIGTERM) cannot clean up after itself
+    scratch = tempfile.mkdtemp(prefix=f"torchdoctor-lab-{s.name}-")
+    os.chmod(scratch, 0o755)  # a scenario rerun as an unprivileged user must still reach the directories made in it
+    try:
+        return _run_in(s, record, argv, limit, watch, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_in(
+    s: Scenario, record: RunRecord, argv: list[str], limit: float, watch: float | None, scratch: str
+) -> RunRecord:
     chunks: list[bytes] = []
     size = [0]
-
+    env = _child_env(s)
+    env["TMPDIR"] = scratch
     started = time.perf_counter()
-    proc = start(argv, _child_env(s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = start(argv, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
 
     def reader() -> None:

@@ -309,10 +309,9 @@ def test_checksums_see_swapped_rows_of_a_large_tensor_and_are_deterministic() ->
     assert checksums(torch.arange(6, dtype=torch.int64)).tolist()[:2] == [15.0, 55.0]
 
 
-def test_small_tensors_taken_together_give_the_checksums_of_each() -> None:
-    """The check's quick road for small tensors (one float64 copy of them all, four reductions per slice) gives each
-    tensor's own checksums up to the order of summation, whatever sits beside it; larger tensors and the order of
-    the rows are kept."""
+def test_the_stacked_checksums_are_each_tensors_own() -> None:
+    """The checksums the ranks gather when their digests differ are each tensor's own (up to the order of summation),
+    whatever sits beside it, in the order of the tensors, for every dtype a module holds."""
     from torchdoctor.ranks.sync import CHUNK_ROWS, ROW, _stack, checksums
 
     torch.manual_seed(5)

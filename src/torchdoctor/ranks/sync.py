@@ -25,17 +25,16 @@ where they part).
 
 Cost, measured on this repository's development machine (2 cores shared by both ranks, no GPU,
 torch 2.13.0 CPU, gloo over loopback, 2 ranks forked with one thread each, DDP-wrapped MLPs of 6
-tensors, median of 20 calls after 5 warm-up calls, two runs, before the small-tensor road below):
+tensors, median of 20 calls after 5 warm-up calls, two runs, before the digest below):
 330 k parameters 3.2-3.6 ms per call (training step on a batch of 256: 10 ms), 4.0 M parameters
 15-17 ms (step 85-143 ms), 21 M parameters 29-30 ms (step 447-484 ms). Every 100 steps that is
 0.06-0.35 % of the step time. The checksums grow with the parameter count (one float64 conversion and
 three passes per element, in 4 MiB chunks), the gathers with the number of tensors (4 floats each).
-Since session 9 the ranks first compare a digest (see above): the per-tensor checksums are taken only
-when the digests differ, and tensors of one chunk or less are then checksummed together from one
-float64 copy (:func:`_small_checksums`; a 74 k-parameter MLP of 6 tensors: 760 -> 200 us in a loop of
-its own). Inside the Lightning benchmark's training loop (``benchmarks/ranks_overhead.py``, its digest
-taken from the fingerprint record of the same step) a check costs about 0.4-0.5 ms, of which the start
-of the asynchronous gather is about 65 us; it was 1.2 ms.
+Since session 9 the ranks first compare a digest (see above), and the per-tensor checksums are taken
+only when the digests differ. Inside the Lightning benchmark's training loop
+(``benchmarks/ranks_overhead.py``, a 74 k-parameter MLP, its digest taken from the fingerprint record
+of the same step) a check costs about 0.4-0.5 ms, of which the start of the asynchronous gather is
+about 65 us; it was 1.2 ms.
 
 Not for sharded models (FSDP, DTensor): each rank holds another shard by design.
 """
@@ -64,8 +63,6 @@ REL_TOL = 1e-10
 float32 values may differ in their last bits between CPUs of another kind (vector width, thread count)."""
 CHUNK_ROWS = 128
 """Rows of :data:`ROW` elements converted to float64 at a time (4 MiB): bounded memory, cache-sized passes."""
-SMALL_LIMIT = 1 << 20
-"""Elements of the small tensors (one chunk or less each) checksummed together from one float64 copy (8 MiB)."""
 MAX_LINES = 20
 """Mismatch lines a report renders; the others are counted on one more line."""
 _C1 = (math.sqrt(5) - 1) / 2  # weights 1 + frac(i * c): distinct for every i, spread over [1, 2)
@@ -369,79 +366,21 @@ def _all_gather(values: Any, group: Any, world: int) -> list[list[float]]:
     return torch.stack(parts).cpu().tolist()
 
 
-_position_cache: dict[str, tuple[Any, Any]] = {}
-
-
-def _position_vectors(n: int, device: Any) -> tuple[Any, Any]:
-    """The weights :func:`checksums` gives position ``i`` of a tensor, for ``i < n``: ``1 + frac((i mod ROW) * c1)``
-    inside its row and ``1 + frac((i div ROW) * c2)`` for its row (the same float64 values, bit for bit), made
-    once per device and grown when a longer tensor comes."""
-    import torch
-
-    key = str(device)
-    cached = _position_cache.get(key)
-    if cached is None or cached[0].numel() < n:
-        i = torch.arange(n, dtype=torch.float64, device=device)
-        cached = _position_cache[key] = (
-            i.remainder(ROW).mul_(_C1).frac_().add_(1.0),
-            i.div(ROW, rounding_mode="floor").mul_(_C2).frac_().add_(1.0),
-        )
-    return cached
-
-
-def _small_checksums(tensors: list[Any]) -> Any:
-    """:func:`checksums` of several tensors of one device at once (``len(tensors) * 4`` float64): one float64 copy of
-    them all (one ``cat`` that converts), then four reductions per tensor on its slice. The values are those of
-    :func:`checksums` up to the order of summation; every rank runs the same code, so equal tensors still give
-    equal bits. A small model's check is mostly per-operation overhead: this is about a quarter of the cost."""
-    import torch
-
-    from .fingerprint import _flat64
-
-    x = _flat64(tensors)  # complex tensors as their real and imaginary parts, like checksums()
-    sizes = [t.numel() * (2 if t.is_complex() else 1) for t in tensors]
-    in_row, row = _position_vectors(max(sizes, default=0), x.device)
-    parts, start = [], 0
-    for n in sizes:
-        v = x[start : start + n]
-        start += n
-        parts += [v.sum(), v.dot(v), v.dot(in_row[:n]), v.dot(row[:n])]
-    return torch.stack(parts)
-
-
 def _stack(tensors: list[tuple[str, Any]], device: Any) -> Any:
-    """Every tensor's checksums, concatenated on ``device`` with one transfer per source device. Tensors of at most
-    one chunk (:data:`CHUNK_ROWS` rows) are taken together per device (:func:`_small_checksums`, up to
-    :data:`SMALL_LIMIT` elements a group); larger ones one by one, chunk by chunk (:func:`checksums`)."""
+    """Every tensor's checksums, concatenated on ``device`` with one transfer per source device."""
     import torch
 
-    if not tensors:
+    by_device: dict[Any, list[Any]] = {}
+    order: list[tuple[Any, int]] = []
+    for _, t in tensors:
+        sums = checksums(t)
+        bucket = by_device.setdefault(sums.device, [])
+        order.append((sums.device, len(bucket)))
+        bucket.append(sums)
+    moved = {d: torch.stack(ts).to(device) for d, ts in by_device.items()}
+    if not order:
         return torch.empty(0, dtype=torch.float64, device=device)
-    groups: dict[str, list[int]] = {}
-    sizes: dict[str, int] = {}
-    single: list[int] = []
-    for i, (_, t) in enumerate(tensors):
-        n = t.numel() * (2 if t.is_complex() else 1)
-        key = "cpu" if t.device.type == "mps" else str(t.device)
-        if n <= CHUNK_ROWS * ROW and sizes.get(key, 0) + n <= SMALL_LIMIT:
-            groups.setdefault(key, []).append(i)
-            sizes[key] = sizes.get(key, 0) + n
-        else:
-            single.append(i)
-    rows: list[Any] = [None] * len(tensors)
-    for members in groups.values():
-        sums = _small_checksums([tensors[i][1] for i in members]).to(device).view(-1, len(CHECKSUMS))
-        for j, i in enumerate(members):
-            rows[i] = sums[j]
-    by_device: dict[Any, list[tuple[int, Any]]] = {}
-    for i in single:
-        sums = checksums(tensors[i][1])
-        by_device.setdefault(sums.device, []).append((i, sums))
-    for pairs in by_device.values():
-        moved = torch.stack([s for _, s in pairs]).to(device)
-        for j, (i, _) in enumerate(pairs):
-            rows[i] = moved[j]
-    return torch.cat(rows)
+    return torch.cat([moved[d][i] for d, i in order])
 
 
 def check_in_sync(

@@ -235,6 +235,21 @@ def block_records(block: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _steps_line(encode: Any, quick: list[Quick], losses: list[float], columns: list[list[float]]) -> str:
+    """One ``{"kind": "steps"}`` line: the records' steps and times, their losses and one column per batch position."""
+    return str(
+        encode(
+            {
+                "kind": "steps",
+                "step": [q[0] for q in quick],
+                "t_ms": [int(q[1] * 1000 + 0.5) for q in quick],
+                "loss": _hex(losses),
+                "batch": [_hex(column) for column in columns],
+            }
+        )
+    )
+
+
 def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
     """The JSON lines of a run of quick captures, in step order: the losses read in one transfer, each batch position
     checksummed with one stack and one product. Consecutive records with a loss and a known batch of one width go on
@@ -261,17 +276,7 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
     valid = [i for i in range(n) if not unknown[i]]
     grouped = _checksum_columns(quick, valid)
     if len(grouped) == 1 and len(grouped[0][0]) == n and None not in loss:  # the usual flush: one line, no loop
-        return [
-            encode(
-                {
-                    "kind": "steps",
-                    "step": [q[0] for q in quick],
-                    "t_ms": [int(q[1] * 1000 + 0.5) for q in quick],
-                    "loss": _hex(loss),  # type: ignore[arg-type]
-                    "batch": [_hex(column) for column in grouped[0][1]],
-                }
-            )
-        ]
+        return [_steps_line(encode, quick, loss, grouped[0][1])]  # type: ignore[arg-type]
     for members, columns in grouped:
         for i, sums_of_row in zip(members, zip(*columns)):
             sums[i] = sums_of_row
@@ -280,17 +285,8 @@ def finish_quick(quick: list[Quick], encode: Any) -> list[str]:
 
     def close_block() -> None:
         if block:
-            lines.append(
-                encode(
-                    {
-                        "kind": "steps",
-                        "step": [quick[i][0] for i in block],
-                        "t_ms": [int(quick[i][1] * 1000 + 0.5) for i in block],
-                        "loss": _hex([loss[i] for i in block]),  # type: ignore[misc]
-                        "batch": [_hex(list(column)) for column in zip(*(sums[i] or () for i in block))],
-                    }
-                )
-            )
+            columns = [list(column) for column in zip(*(sums[i] or () for i in block))]
+            lines.append(_steps_line(encode, [quick[i] for i in block], [loss[i] for i in block], columns))  # type: ignore[misc]
             block.clear()
 
     for i, q in enumerate(quick):

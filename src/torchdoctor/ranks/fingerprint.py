@@ -43,6 +43,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from itertools import groupby
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -492,18 +493,12 @@ class RunRecorder:
             raise ValueError(f"RunRecorder for {self.path} is closed")
         encode = _ENCODER.encode
         lines: list[str] = []
-        start = 0
-        while start < len(pending):  # runs of quick and of long-road records, in step order
-            quick = type(pending[start]) is tuple
-            end = start + 1
-            while end < len(pending) and (type(pending[end]) is tuple) == quick:
-                end += 1
-            run = pending[start:end]
+        for quick, group in groupby(pending, key=lambda p: type(p) is tuple):  # runs of each road, in step order
+            run = list(group)
             if quick:
                 lines += finish_quick(run, encode)  # type: ignore[arg-type]
             else:
                 lines += [encode(rec) for rec in finish(run)]  # type: ignore[arg-type]
-            start = end
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
 

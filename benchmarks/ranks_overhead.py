@@ -75,13 +75,19 @@ def child(args: argparse.Namespace) -> None:
     for name in PER_STEP_HOOKS:
 
         def timed(self: Any, *a: Any, __name: str = name, **k: Any) -> Any:
-            c0, s0, t0 = time.thread_time(), _switches(), time.perf_counter()
+            # nested: the getrusage calls (about 1 us each) outside the CPU-time window, and that window's own
+            # clock reads outside the wall-time one
+            s0 = _switches()
+            c0 = time.thread_time()
+            t0 = time.perf_counter()
             try:
                 return getattr(DoctorCallback, __name)(self, *a, **k)
             finally:
-                self.inside += time.perf_counter() - t0
-                self.inside_cpu += time.thread_time() - c0
+                t1 = time.perf_counter()
+                c1 = time.thread_time()
                 self.switches += _switches() - s0
+                self.inside += t1 - t0
+                self.inside_cpu += c1 - c0
 
         setattr(TimedDoctor, name, timed)
 
@@ -93,6 +99,7 @@ def child(args: argparse.Namespace) -> None:
 
     def stopwatch(owner: Any, attr: str, label: str) -> None:
         fn = getattr(owner, attr)
+        parts[label] = 0.0  # declared in this order, reported in it
 
         def wrapped(*a: Any, **k: Any) -> Any:
             t0 = time.perf_counter()
@@ -109,11 +116,15 @@ def child(args: argparse.Namespace) -> None:
 
     if args.variant == "parts":  # stopwatches cost a little each: their own run, not the measured ones
         stopwatch(RunRecorder, "record", "fingerprint record")
-        stopwatch(fpm, "capture_batch", "  of which keeping the batch for the flush")
+        stopwatch(fpm, "quick_capture", "  of which keeping the step's loss and batch for the flush")
+        stopwatch(fpm, "capture_batch", "  of which keeping a batch off the common road")
         stopwatch(fpm, "fingerprint_module", "  of which parameter and gradient checksums")
         stopwatch(RunRecorder, "flush", "  of which flushes (checksums, losses, lines)")
         stopwatch(RankFile, "write", "    of which the write")
         stopwatch(MemoryTracker, "sample", "memory sample")
+        import torchdoctor.ranks.memory as memory
+
+        stopwatch(memory, "_status_sample", "  of which /proc/self/status (until getrusage is trusted)")
         stopwatch(sync, "start_check", "sync check: checksums, gather started")
         stopwatch(DoctorCallback, "_sync_report", "sync check: report read a step later")
 
@@ -153,6 +164,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--variants",
+        default="base,doctor,doctor-10,parts",
+        help="which runs, comma-separated (default: all four; the summary needs base and both doctor runs)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="base", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -166,16 +182,20 @@ def main() -> None:
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
-    variants = ("base", "doctor", "doctor-10", "parts")
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    inside: dict[str, list[float]] = {v: [] for v in variants}
-    inside_cpu: dict[str, list[float]] = {v: [] for v in variants}
-    switches: dict[str, list[float]] = {v: [] for v in variants}
-    parts: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = set(variants) - {"base", "doctor", "doctor-10", "parts"}
+    if unknown:
+        sys.exit(f"--variants: unknown {', '.join(sorted(unknown))} (base, doctor, doctor-10, parts)")
+    every = ("base", "doctor", "doctor-10", "parts")
+    times: dict[str, list[float]] = {v: [] for v in every}
+    inside: dict[str, list[float]] = {v: [] for v in every}
+    inside_cpu: dict[str, list[float]] = {v: [] for v in every}
+    switches: dict[str, list[float]] = {v: [] for v in every}
+    parts: dict[str, dict[str, list[float]]] = {v: {} for v in every}
     syncs = 0
     with tempfile.TemporaryDirectory(prefix="td-ranks-bench-") as d:
         for r in range(args.rounds):
-            for variant in variants[r % 4 :] + variants[: r % 4]:
+            for variant in variants[r % len(variants) :] + variants[: r % len(variants)]:
                 out = Path(d) / f"{variant}-{r}"
                 out.mkdir()
                 cmd = [sys.executable, __file__, "--child", "--variant", variant, "--out", str(out)]
@@ -196,16 +216,19 @@ def main() -> None:
                     parts[variant].setdefault(label, []).append(value)
                 syncs = max(syncs, res["syncs"])
                 print(f"round {r + 1}/{args.rounds} {variant:6}: {res['per_step'] * 1e3:.3f} ms/step", flush=True)
-    base = statistics.median(times["base"])
-    spread = (max(times["base"]) - min(times["base"])) / base
+    base_times = times["base"] or times[variants[0]]  # without a base run: the first run's step stands in
+    base = statistics.median(base_times)
+    spread = (max(base_times) - min(base_times)) / base
     print(
         f"torch {torch.__version__}, lightning {lightning.__version__}, ddp/gloo 2 CPU processes, "
         f"{args.steps} steps x {args.rounds} rounds; DoctorCallback(sync_every=100) ({syncs} sync checks per run)"
     )
     print(f"base: {base * 1e3:.3f} ms/step, spread (max-min)/median {spread:.1%}")
     for variant, what in (("doctor", "fingerprints every step"), ("doctor-10", "fingerprint_every=10")):
+        if not times[variant]:
+            continue
         doc = statistics.median(times[variant])
-        paired = statistics.median(dt / bt for dt, bt in zip(times[variant], times["base"]))
+        paired = statistics.median(dt / bt for dt, bt in zip(times[variant], base_times))
         own = statistics.median(inside[variant])
         verdict = "within" if own <= 0.01 * base else "ABOVE"
         print(
@@ -218,11 +241,13 @@ def main() -> None:
             f"{(own - cpu) * 1e6:.1f} us, it waited for a CPU (2 ranks and their gloo threads share 2 cores; "
             f"{statistics.median(switches[variant]):.3f} involuntary switches a step inside the hook)"
         )
+    if not times["parts"]:
+        return
     print(
         f"where the time goes (fingerprints every step; a separate run with a stopwatch around each part, "
         f"inside {statistics.median(inside['parts']) * 1e6:.1f} us a step there):"
     )
-    for label, values in parts["parts"].items():
+    for label, values in parts["parts"].items():  # in the order the child declared its stopwatches
         print(f"    {label}: {statistics.median(values) * 1e6:.1f} us a step")
 
 

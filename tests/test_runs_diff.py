@@ -665,3 +665,21 @@ def test_batch_fingerprint_fast_path_gives_the_generic_sums(monkeypatch: pytest.
         assert a.partition("=")[0] == b.partition("=")[0]
         assert float(a.partition("=")[2]) == pytest.approx(float(b.partition("=")[2]), rel=1e-12, abs=1e-9)
     assert fast.startswith("[0]=") and ";[1].y=" in fast and ";[1].ids=" in fast
+
+
+def test_the_quick_road_keeps_no_autograd_graph() -> None:
+    """A loss that still requires grad is kept detached (its graph is not held until the flush); one that is already
+    detached (Lightning hands its hooks such a copy) is kept as it is, without a second copy."""
+    import torch
+
+    from torchdoctor.ranks import deferred
+
+    w = torch.ones(3, requires_grad=True)
+    batch = (torch.randn(2, 3),)
+    live = (w * 2).sum()
+    kept = deferred.quick_capture(0, live, batch)
+    assert kept is not None and not kept[2].requires_grad and kept[2].grad_fn is None
+    assert kept[2].data_ptr() == live.data_ptr()  # a view, not a copy
+    plain = live.detach().clone()
+    kept = deferred.quick_capture(1, plain, batch)
+    assert kept is not None and kept[2] is plain

@@ -62,7 +62,8 @@ def quick_capture(step: int, loss: Any, batch: Any) -> Quick | None:
     if loss is not None:
         if not isinstance(loss, tensor) or loss.numel() != 1:
             return None
-        loss = loss.detach()
+        if loss.requires_grad:  # Lightning hands its hooks a detached copy already: no second one
+            loss = loss.detach()
     return (step, time.time(), loss, tuple(batch), tuple(versions), held)
 
 

@@ -567,6 +567,23 @@ def test_advice_is_never_the_cause() -> None:
     assert only_advice.diagnoses[0].role == "advice" and not only_advice.explained
 
 
+def test_a_cascade_without_a_root_cause_is_never_a_sure_answer() -> None:
+    """A line that says where a failure showed (a peer closed its connection) leads when nothing else was found,
+    at CASCADE_AS_ANSWER of its line's confidence: below SURE, whatever the line's own confidence."""
+    from torchdoctor.explain.triage import CASCADE_AS_ANSWER, SURE
+
+    report = explain(cascade_lines(), codes=[PEER_CLOSED])
+    lead = report.diagnoses[0]
+    assert lead.role == "cascade" and lead.code == "TDT02"
+    line_confidence = max(sig.confidence for sig in PEER_CLOSED.signatures)
+    assert line_confidence >= SURE
+    assert lead.confidence == round(line_confidence * CASCADE_AS_ANSWER, 2) < SURE
+    # with the root cause present, the cascade keeps its own confidence and is explained by it
+    both = explain(interleave({5: fixture_body(TD150_LOG), 1: cascade_lines()}), codes=CODES)
+    cascade = next(d for d in both.diagnoses if d.code == "TDT02")
+    assert cascade.explained_by == "TD150" and cascade.confidence == line_confidence
+
+
 def test_no_match_shows_the_most_relevant_error_lines() -> None:
     report = explain(CONSOLE, codes=[])
     assert report.diagnoses == [] and int(report.exit_code) == 1

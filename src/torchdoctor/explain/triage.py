@@ -11,7 +11,9 @@ Rules, in order:
    "Last error: ...") yields the lead to a more specific root cause recognised in those lines.
 3. Cascades never become the root cause while one exists; they are attached to it
    (``explained_by``). Without a root cause the earliest cascade leads, with a note to look for
-   the rank that failed first.
+   the rank that failed first, and its confidence as an answer is :data:`CASCADE_AS_ANSWER` of the
+   line's: a collective that timed out names where a failure showed, not its family (on the tuning
+   half, cascades that led were right 2 times of 4), so a cascade is never a sure answer.
 4. Confirmations raise the confidence of a compatible root cause (same family, or related codes)
    and attach to it; advice is listed last and is never a cause.
 5. torchrun's summary (``Root Cause (first observed failure)``) raises confidence when it points
@@ -21,10 +23,8 @@ Rules, in order:
 7. Symptoms become hypotheses (role ``hypothesis``), one per code, each with how to confirm it.
    Symptoms of one family support each other: the family's best hypothesis gets
    ``1 - prod(1 - c)`` over its codes, capped at :data:`~torchdoctor.signature.SYMPTOM_MAX`. With a
-   root cause they are listed after it; without one, hypotheses and cascades are ranked together,
-   a cascade weighing :data:`CASCADE_AS_ANSWER` of its confidence (it names where a failure
-   showed, not what caused it), so ``diagnoses[0]`` is the best hypothesis and its confidence
-   says how sure.
+   root cause they are listed after it; without one, hypotheses and cascades (weighed as in rule 3)
+   are ranked together, so ``diagnoses[0]`` is the best hypothesis and its confidence says how sure.
    Without any root cause, cascade or symptom, confirmations (torchrun's "exitcode: -9" alone) become
    the hypotheses (:func:`_confirmations_alone`).
 8. When nothing names a cause (no root cause, cascade or hypothesis), the words of the log (its
@@ -58,7 +58,7 @@ DOUBTED = 0.75
 family at least DOUBT_OTHER, drops to DOUBTED (cross-validated on the tuning half: of 88 sure
 answers, 2 had the words disagree, 1 that way, and it was the one wrong)."""
 CASCADE_AS_ANSWER = 0.7
-"""Weight of a cascade's confidence when it competes with hypotheses for the lead (rule 7)."""
+"""A cascade's confidence as an answer when no root cause was found (rules 3 and 7)."""
 SHOW_UNMATCHED = 8
 """Unmatched error lines reported, most relevant first (see :mod:`.relevance`)."""
 MAX_RANKS_REPORTED = 4096
@@ -184,6 +184,8 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
             d.explained_by = root_diag.code
             d.notes.append(f"a symptom: explained by {root_diag.code} on rank {_rank_text(root_diag.rank)}")
         else:
+            # as an answer it says where a failure showed, not what caused it: never a sure one (rule 3)
+            d.confidence = round(d.confidence * CASCADE_AS_ANSWER, 2)
             d.notes.append(
                 "a symptom of a failure elsewhere: no root cause was found in these logs; "
                 "look at the rank that failed first (its own log may be missing)"
@@ -211,9 +213,7 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     if root_diag is None and hypotheses:
         lead = [d for d in diagnoses if d.role == "cascade"]
         rest = [d for d in diagnoses if d.role != "cascade"]
-        ranked = sorted(
-            lead + hypotheses, key=lambda d: -(d.confidence * (CASCADE_AS_ANSWER if d.role == "cascade" else 1))
-        )
+        ranked = sorted(lead + hypotheses, key=lambda d: -d.confidence)  # cascades already weighed
         diagnoses = ranked + rest
     else:
         diagnoses += hypotheses

@@ -126,3 +126,59 @@ def test_a_sure_answer_the_words_rule_out_is_no_longer_sure() -> None:
     alternatives = [d for d in report.diagnoses if d.role == "guess"]
     assert [d.family for d in alternatives] == ["shm-exhausted"]
     assert "TD654 was recognised" in alternatives[0].notes[0]
+
+
+HANG_PROSE = "Multi-GPU training hangs forever at the end of the first epoch, no error.\n"
+WRITE_WORDS = (
+    "Every rank appends to the same metrics.jsonl from a callback; the jsonl ends up with interleaved lines.\n"
+)
+
+
+def _words_model(weights: dict[str, float]) -> dict[str, object]:
+    """A word model of three families where only ``weights`` speak (for concurrent-write)."""
+    return {
+        "families": {
+            "dist-hang": {"bias": 0.0, "weights": {}},
+            "nccl": {"bias": 0.0, "weights": {}},
+            "concurrent-write": {"bias": 0.0, "weights": weights},
+        },
+        "codes": {"concurrent-write": {"TD659": {"docs": 1, "cues": {}}}},
+    }
+
+
+def test_words_that_rule_out_a_symptoms_family_take_the_lead(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Rule 10: a hang said in prose is a symptom of many causes; when the rest of the report points hard at one
+    family and all but rules out the hang's, that family leads (as a guess when no line named it) and the hang
+    follows, no surer than the new lead. Words that do not rule the symptom out change nothing."""
+    from torchdoctor.explain.triage import SYMPTOM_AGAINST, WORDS_LEAD
+
+    as_is = explain(HANG_PROSE + WRITE_WORDS).diagnoses
+    assert as_is[0].code == "TD455" and as_is[0].role == "hypothesis"
+
+    listed = next(d for d in as_is if d.family == "concurrent-write")  # a line of the report named it too
+    monkeypatch.setattr(cues, "model", lambda: _words_model({"jsonl": 4.0, "interleaved": 4.0, "appends": 1.0}))
+    report = explain(HANG_PROSE + WRITE_WORDS)
+    lead, rest = report.diagnoses[0], report.diagnoses[1:]
+    assert (lead.code, lead.role) == (listed.code, "hypothesis")  # its own hypothesis, moved up
+    assert lead.confidence == max(listed.confidence, cues.MAX_CONFIDENCE) and WORDS_LEAD <= cues.MAX_CONFIDENCE
+    assert "point at this family: the lead" in lead.notes[-1]
+    hang = next(d for d in rest if d.code == "TD455")
+    assert hang.confidence <= lead.confidence and "rule this family out" in hang.notes[-1]
+
+    # no line names the words' family: their guess leads
+    bar = "The progress bar stops moving.\n"
+    monkeypatch.setattr(cues, "model", lambda: _words_model({}))
+    before = [d.code for d in explain(HANG_PROSE + bar).diagnoses]
+    assert before[0] == "TD455" and "TD659" not in before
+    monkeypatch.setattr(cues, "model", lambda: _words_model({"progress": 4.0, "moving": 4.0}))
+    report = explain(HANG_PROSE + bar)
+    assert [(d.code, d.role) for d in report.diagnoses] == [("TD659", "guess")] + [
+        (code, "hypothesis") for code in before
+    ]
+    assert "point at this family more than at TD455" in report.diagnoses[0].notes[0]
+
+    # weak words: the other family's probability stays under WORDS_LEAD (or the hang's over SYMPTOM_AGAINST)
+    monkeypatch.setattr(cues, "model", lambda: _words_model({"jsonl": 0.5, "interleaved": 0.6}))
+    probs = cues.probabilities({"dist-hang": 0.0, "nccl": 0.0, "concurrent-write": 1.1})
+    assert probs["concurrent-write"] < WORDS_LEAD or probs["dist-hang"] > SYMPTOM_AGAINST
+    assert explain(HANG_PROSE + WRITE_WORDS).diagnoses[0].code == "TD455"

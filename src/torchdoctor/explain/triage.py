@@ -311,18 +311,24 @@ def _hypotheses(groups: list[Group], codes: dict[str, Code]) -> list[Diagnosis]:
 def _confirmations_alone(diagnoses: list[Diagnosis], codes: dict[str, Code]) -> list[Diagnosis]:
     """Rule 7b: confirmations with nothing to confirm (torchrun's 'exitcode: -9' and no error of the worker) are the
     best lead there is: they become hypotheses, strongest first, instead of leaving the lead to the words."""
-    out = []
-    for d in sorted((d for d in diagnoses if d.role == "confirmation"), key=lambda d: -d.confidence):
-        d.role = "hypothesis"
-        d.notes.append("a confirmation with no failure line to confirm: the likeliest reading, not a proof")
-        d.confirm = d.confirm or (
-            f"Look for what this line usually follows ({codes[d.code].title}) where this log cannot show it: the "
-            "host's kernel log (`dmesg -T`), the scheduler's accounting, the other ranks' logs."
-        )
-        out.append(d)
+    out = [
+        _as_hypothesis(d, codes)
+        for d in sorted((d for d in diagnoses if d.role == "confirmation"), key=lambda d: -d.confidence)
+    ]
     for d in out:
         diagnoses.remove(d)
     return out
+
+
+def _as_hypothesis(d: Diagnosis, codes: dict[str, Code]) -> Diagnosis:
+    """A confirmation with no failure line to confirm, read as the hypothesis it supports."""
+    d.role = "hypothesis"
+    d.notes.append("a confirmation with no failure line to confirm: the likeliest reading, not a proof")
+    d.confirm = d.confirm or (
+        f"Look for what this line usually follows ({codes[d.code].title}) where this log cannot show it: the "
+        "host's kernel log (`dmesg -T`), the scheduler's accounting, the other ranks' logs."
+    )
+    return d
 
 
 def _log_words(col: Collector) -> str:
@@ -421,8 +427,8 @@ def _words_opinion(col: Collector) -> tuple[str, dict[str, float], str] | None:
 def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[str, Code]) -> list[Diagnosis]:
     """Rule 10: a lead that is only a symptom (a hypothesis, or a cascade without its root cause) whose family
     the words of the log give at most :data:`SYMPTOM_AGAINST`, while they give another family at least
-    :data:`WORDS_LEAD`, yields the lead to that family: its own hypothesis when one is listed, else the words'
-    guess. "Training hangs" is said of many causes; the rest of the report often names which one."""
+    :data:`WORDS_LEAD`, yields the lead to that family: its own hypothesis (or cascade, or a confirmation read as a
+    hypothesis) when one is listed, else the words' guess. "Training hangs" is said of many causes; the rest of the report often names which one."""
     top = diagnoses[0]
     opinion = _words_opinion(col)
     if opinion is None:
@@ -430,7 +436,11 @@ def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[
     other, probs, words = opinion
     if other == top.family or probs[other] < WORDS_LEAD or probs.get(top.family, 0.0) > SYMPTOM_AGAINST:
         return diagnoses
-    lead = next((d for d in diagnoses if d.family == other and d.role in ("hypothesis", "cascade")), None)
+    roles = ("hypothesis", "cascade", "confirmation")
+    lead = next((d for d in diagnoses if d.family == other and d.role in roles), None)
+    if lead is not None and lead.role == "confirmation":  # torchrun's "exitcode: -9" where the words say host-oom
+        lead.explained_by = None
+        _as_hypothesis(lead, codes)
     if lead is None:
         lead = _word_guess(col, codes, family=other)
         if lead is None:

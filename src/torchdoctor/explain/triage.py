@@ -389,7 +389,6 @@ def _second_opinion(diagnoses: list[Diagnosis], col: Collector, codes: dict[str,
     :data:`SURE` and the words' family follows as a ``guess`` (unless a symptom or confirmation already
     names it). A line the signature knows can be the last link of a chain the report's words
     describe: ``No space left on device`` from a full /dev/shm reads like a full disk."""
-
     top = diagnoses[0]
     opinion = _words_opinion(col)
     if opinion is None:
@@ -428,7 +427,8 @@ def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[
     """Rule 10: a lead that is only a symptom (a hypothesis, or a cascade without its root cause) whose family
     the words of the log give at most :data:`SYMPTOM_AGAINST`, while they give another family at least
     :data:`WORDS_LEAD`, yields the lead to that family: its own hypothesis (or cascade, or a confirmation read as a
-    hypothesis) when one is listed, else the words' guess. "Training hangs" is said of many causes; the rest of the report often names which one."""
+    hypothesis) when one is listed, else the words' guess. "Training hangs" is said of many causes; the rest of
+    the report often names which one."""
     top = diagnoses[0]
     opinion = _words_opinion(col)
     if opinion is None:

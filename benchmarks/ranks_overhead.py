@@ -57,13 +57,20 @@ def child(args: argparse.Namespace) -> None:
     from torchdoctor.lightning import DoctorCallback
 
     class Clock(L.Callback):
-        started = ended = 0.0
+        """From the first batch's start (after every callback's ``on_train_start``: DoctorCallback's determinism
+        audit runs once per fit there) to ``on_train_end`` (called on this callback first); wall time and this
+        process's CPU time, all its threads (gloo's too)."""
 
-        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            self.started = time.perf_counter()
+        started = ended = cpu_started = cpu_ended = 0.0
+        steps_before = 0
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if not self.started:
+                self.started, self.cpu_started = time.perf_counter(), time.process_time()
+                self.steps_before = int(trainer.global_step)
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            self.ended = time.perf_counter()
+            self.ended, self.cpu_ended = time.perf_counter(), time.process_time()
 
     class TimedDoctor(DoctorCallback):
         """DoctorCallback with a stopwatch around its per-step hooks."""
@@ -149,7 +156,8 @@ def child(args: argparse.Namespace) -> None:
     if trainer.global_rank == 0:
         steps = int(trainer.global_step)
         result = {
-            "per_step": (clock.ended - clock.started) / steps,
+            "per_step": (clock.ended - clock.started) / (steps - clock.steps_before),
+            "cpu_per_step": (clock.cpu_ended - clock.cpu_started) / (steps - clock.steps_before),
             "inside": (doctor.inside / steps) if doctor is not None else 0.0,
             "inside_cpu": (doctor.inside_cpu / steps) if doctor is not None else 0.0,
             "switches": (doctor.switches / steps) if doctor is not None else 0.0,
@@ -188,6 +196,7 @@ def main() -> None:
         sys.exit(f"--variants: unknown {', '.join(sorted(unknown))} (base, doctor, doctor-10, parts)")
     every = ("base", "doctor", "doctor-10", "parts")
     times: dict[str, list[float]] = {v: [] for v in every}
+    cpu_times: dict[str, list[float]] = {v: [] for v in every}
     inside: dict[str, list[float]] = {v: [] for v in every}
     inside_cpu: dict[str, list[float]] = {v: [] for v in every}
     switches: dict[str, list[float]] = {v: [] for v in every}
@@ -209,6 +218,7 @@ def main() -> None:
                     sys.exit(f"{variant} run failed:\n{proc.stderr[-3000:]}")
                 res = json.loads((out / "result.json").read_text())
                 times[variant].append(res["per_step"])
+                cpu_times[variant].append(res["cpu_per_step"])
                 inside[variant].append(res["inside"])
                 inside_cpu[variant].append(res["inside_cpu"])
                 switches[variant].append(res["switches"])
@@ -224,6 +234,11 @@ def main() -> None:
         f"{args.steps} steps x {args.rounds} rounds; DoctorCallback(sync_every=100) ({syncs} sync checks per run)"
     )
     print(f"base: {base * 1e3:.3f} ms/step, spread (max-min)/median {spread:.1%}")
+    base_cpu = cpu_times["base"] or cpu_times[variants[0]]
+    print(
+        f"base: {statistics.median(base_cpu) * 1e3:.3f} ms CPU/step (rank 0, all its threads), spread "
+        f"{(max(base_cpu) - min(base_cpu)) / statistics.median(base_cpu):.1%}"
+    )
     for variant, what in (("doctor", "fingerprints every step"), ("doctor-10", "fingerprint_every=10")):
         if not times[variant]:
             continue
@@ -234,6 +249,12 @@ def main() -> None:
         print(
             f"{variant:9} ({what}): loop {doc * 1e3:.3f} ms/step, {doc / base - 1:+.2%} (paired {paired - 1:+.2%}); "
             f"inside its per-step hooks {own * 1e6:.1f} us = {own / base:.2%} of a base step ({verdict} the 1% target)"
+        )
+        cpu_step = statistics.median(cpu_times[variant])
+        print(
+            f"{'':9}  loop CPU time (rank 0's threads): {cpu_step * 1e3:.3f} ms/step, "
+            f"{cpu_step / statistics.median(base_cpu) - 1:+.2%} (paired "
+            f"{statistics.median(d / b for d, b in zip(cpu_times[variant], base_cpu)) - 1:+.2%})"
         )
         cpu = statistics.median(inside_cpu[variant])
         print(

@@ -8,8 +8,8 @@ Two measurements, side by side in one run:
 
 * **loops**: the same job without and with the callback (``base`` / ``doctor``; ``doctor-10``: with
   ``fingerprint_every=10``, a record every 10th step), interleaved, ``--rounds``
-  times each; the time per step between ``on_train_start`` and ``on_train_end`` on rank 0 (start-up,
-  preflight and the determinism audit, once per fit, are outside). Medians, the per-round ratio, and the
+  times each; the time per step between the first batch and ``on_train_end`` on rank 0, wall and CPU time
+  (start-up, preflight and the determinism audit, once per fit, are outside). Medians, the per-round ratio, and the
   spread of ``base``: on a shared 2-core VM the loops move by several percent between runs, more than the
   effect measured.
 * **inside**: in the ``doctor`` runs, the time spent inside the callback's per-step hook
@@ -19,7 +19,7 @@ Two measurements, side by side in one run:
   hook calls, to say where the time goes; its stopwatches cost a little each, so it is not one of the
   measured runs.
 
-    python benchmarks/ranks_overhead.py [--steps 1500] [--rounds 3]
+    python benchmarks/ranks_overhead.py [--steps 1500] [--rounds 3] [--variants base,doctor,doctor-10,parts]
 
 Lightning starts rank 1 by running this script again with the same arguments (``--child``).
 """

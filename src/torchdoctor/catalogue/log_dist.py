@@ -410,7 +410,9 @@ TD455 = register(
         message="A gloo collective waited {ms} ms for data from another rank and gave up ({op} operation): some rank did "
         "not reach the same collective in time (hung, slower, took another code path, or died).",
         fix=_FIRST + "if no rank failed, find the one that hangs (`py-spy dump --pid PID` on each rank), look for "
-        "rank-dependent code paths around the collective, and run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` or "
+        "rank-dependent code paths around the collective (a barrier or checkpoint save called on rank 0 only must be "
+        "called on all ranks; uneven data needs the same number of batches on every rank: "
+        "`DistributedSampler(drop_last=True)`, DDP's `Join`), and run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` or "
         "`dist.monitored_barrier()` to name the missing rank. When one rank is only slow (preprocessing or "
         "tokenizing on rank 0, saving a large checkpoint), raise the timeout: "
         "`init_process_group(timeout=timedelta(hours=2))`, Hugging Face `--ddp_timeout`.",

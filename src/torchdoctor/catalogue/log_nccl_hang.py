@@ -49,8 +49,11 @@ TD490 = register(
         fix="This is a symptom. Find the rank that failed or stalled first; its own error (CUDA OOM, a crash, a NCCL "
         "error, a killed process) is the cause. Compare the last completed SeqNum per rank, and set "
         "`TORCH_DISTRIBUTED_DEBUG=DETAIL` (desync report names the lagging rank) and "
-        "`TORCH_NCCL_TRACE_BUFFER_SIZE=2000`. If no rank failed: the ranks took different paths (a collective "
-        "inside `if rank == 0`, uneven data so one rank runs an extra step), or a long rank-0-only step "
+        "`TORCH_NCCL_TRACE_BUFFER_SIZE=2000`. If no rank failed: the ranks took different paths. A collective "
+        "called on one rank only (a barrier, `all_gather`, a DeepSpeed or Accelerate `save_checkpoint`/`save_state` "
+        "inside `if rank == 0` or `is_main_process`) must be called on all ranks; uneven data (one rank runs an "
+        "extra step) needs the same number of batches on every rank (`DistributedSampler(drop_last=True)`, DDP's "
+        "`Join`). Or a long rank-0-only step "
         "(evaluation, checkpoint saving) exceeded the timeout: raise it with "
         "`init_process_group(timeout=datetime.timedelta(hours=1))`. For transport problems: `NCCL_DEBUG=INFO`, "
         "`NCCL_P2P_DISABLE=1` / `NCCL_IB_DISABLE=1`.",

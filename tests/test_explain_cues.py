@@ -182,3 +182,30 @@ def test_words_that_rule_out_a_symptoms_family_take_the_lead(monkeypatch) -> Non
     probs = cues.probabilities({"dist-hang": 0.0, "nccl": 0.0, "concurrent-write": 1.1})
     assert probs["concurrent-write"] < WORDS_LEAD or probs["dist-hang"] > SYMPTOM_AGAINST
     assert explain(HANG_PROSE + WRITE_WORDS).diagnoses[0].code == "TD455"
+
+
+def test_rule_10_reads_a_confirmation_of_the_words_family_as_the_lead(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A prose hang plus torchrun's '-9' line (recorded by the lab): the hang leads; when the words point hard at
+    host-oom, the '-9' confirmation is read as the host-oom hypothesis and leads, the hang after it. A cascade that
+    leads (the survivor's 'connection closed' of a killed peer) is a line the failure printed: never overruled."""
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "logs" / "TD459" / "lab-torchrun-peer-killed.log"
+    minus9 = next(line for line in fixture.read_text(encoding="utf-8").splitlines() if "(exitcode: -9)" in line)
+    text = HANG_PROSE + minus9 + "\n"
+    as_is = explain(text).diagnoses
+    assert (as_is[0].code, as_is[0].role) == ("TD455", "hypothesis")
+    assert any(d.code == "TD459" and d.role == "confirmation" for d in as_is)
+
+    model = _words_model({})
+    model["families"]["host-oom"] = {"bias": 0.0, "weights": {"exitcode": 6.0}}  # type: ignore[index]
+    monkeypatch.setattr(cues, "model", lambda: model)
+    report = explain(text)
+    lead = report.diagnoses[0]
+    assert (lead.code, lead.role, lead.family) == ("TD459", "hypothesis", "host-oom")
+    assert lead.confirm and "dmesg" in lead.confirm
+    assert [d.code for d in report.diagnoses[1:]][:1] == ["TD455"]
+
+    recorded = fixture.read_text(encoding="utf-8").split("# ---\n", 1)[1]
+    killed = explain(recorded)
+    assert killed.diagnoses[0].code == "TD454" and killed.diagnoses[0].role == "cascade"

@@ -34,9 +34,10 @@ Rules, in order:
 9. A sure root cause (confidence >= :data:`SURE`) that the words of the log all but rule out, while
    they point hard at another family, is demoted below :data:`SURE`, and the words' family is
    listed after it as a guess (:func:`_second_opinion`).
-10. A lead that is only a symptom (rule 7) whose family the words all but rule out, while they point hard
-    at another family, yields the lead to that family's hypothesis, or to the words' guess
-    (:func:`_words_over_symptom`).
+10. A hypothesis that leads (rule 7: a symptom, often a sentence of prose) whose family the words all but rule
+    out, while they point hard at another family, yields the lead to that family's hypothesis, or to the
+    words' guess (:func:`_words_over_symptom`). A cascade that leads keeps the lead: it is a line the
+    failure printed, and the words of a machine log are not evidence against it.
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ family at least DOUBT_OTHER, drops to DOUBTED (cross-validated on the tuning hal
 answers, 2 had the words disagree, 1 that way, and it was the one wrong)."""
 WORDS_LEAD = 0.7
 SYMPTOM_AGAINST = 0.1
-"""Rule 10: the words take the lead from a symptom when they give another family at least WORDS_LEAD and the
-symptom's family at most SYMPTOM_AGAINST (10-fold CV on the tuning half of 626 reports: of 160 answers led by a
-symptom, 8 changed, 5 to right from wrong, 1 to wrong from right; on 669 reports, 5 to right and none to wrong;
-on 43 reports gathered afterwards and measured before the word model read them, no answer changed)."""
+"""Rule 10: the words take the lead from a hypothesis when they give another family at least WORDS_LEAD and the
+hypothesis' family at most SYMPTOM_AGAINST (10-fold CV on the tuning half of 669 reports: 5 answers changed, all
+from wrong to right; on 43 reports gathered afterwards and measured before the word model read them, none
+changed)."""
 CASCADE_AS_ANSWER = 0.7
 """A cascade's confidence as an answer when no root cause was found (rules 3 and 7)."""
 SHOW_UNMATCHED = 8
@@ -234,7 +235,7 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
             diagnoses.insert(0, word_guess)
     elif diagnoses[0].role == "root-cause" and diagnoses[0].confidence >= SURE:
         _second_opinion(diagnoses, col, codes)
-    elif root_diag is None and diagnoses[0].role in ("hypothesis", "cascade"):
+    elif root_diag is None and diagnoses[0].role == "hypothesis":
         diagnoses = _words_over_symptom(diagnoses, col, codes)
 
     failures = col.failures
@@ -425,8 +426,8 @@ def _words_opinion(col: Collector) -> tuple[str, dict[str, float], str] | None:
 
 
 def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[str, Code]) -> list[Diagnosis]:
-    """Rule 10: a lead that is only a symptom (a hypothesis, or a cascade without its root cause) whose family
-    the words of the log give at most :data:`SYMPTOM_AGAINST`, while they give another family at least
+    """Rule 10: a hypothesis that leads (a symptom, no root cause) whose family the words of the log give at most
+    :data:`SYMPTOM_AGAINST`, while they give another family at least
     :data:`WORDS_LEAD`, yields the lead to that family: its own hypothesis (or cascade, or a confirmation read as a
     hypothesis) when one is listed, else the words' guess. "Training hangs" is said of many causes; the rest of
     the report often names which one."""

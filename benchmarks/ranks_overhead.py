@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 PER_STEP_HOOKS = ("on_train_batch_end",)
+VARIANTS = ("base", "doctor", "doctor-10", "parts")
 
 
 def _switches() -> int:
@@ -174,7 +175,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--variants",
-        default="base,doctor,doctor-10,parts",
+        default=",".join(VARIANTS),
         help="which runs, comma-separated (default: all four; the summary needs base and both doctor runs)",
     )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -191,16 +192,15 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
     variants = tuple(v for v in args.variants.split(",") if v)
-    unknown = set(variants) - {"base", "doctor", "doctor-10", "parts"}
+    unknown = set(variants) - set(VARIANTS)
     if unknown:
-        sys.exit(f"--variants: unknown {', '.join(sorted(unknown))} (base, doctor, doctor-10, parts)")
-    every = ("base", "doctor", "doctor-10", "parts")
-    times: dict[str, list[float]] = {v: [] for v in every}
-    cpu_times: dict[str, list[float]] = {v: [] for v in every}
-    inside: dict[str, list[float]] = {v: [] for v in every}
-    inside_cpu: dict[str, list[float]] = {v: [] for v in every}
-    switches: dict[str, list[float]] = {v: [] for v in every}
-    parts: dict[str, dict[str, list[float]]] = {v: {} for v in every}
+        sys.exit(f"--variants: unknown {', '.join(sorted(unknown))} ({', '.join(VARIANTS)})")
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu_times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    inside: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    inside_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    switches: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    parts: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
     syncs = 0
     with tempfile.TemporaryDirectory(prefix="td-ranks-bench-") as d:
         for r in range(args.rounds):

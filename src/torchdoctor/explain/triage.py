@@ -441,8 +441,7 @@ def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[
     roles = ("hypothesis", "cascade", "confirmation")
     lead = next((d for d in diagnoses if d.family == other and d.role in roles), None)
     if lead is not None and lead.role == "confirmation":  # torchrun's "exitcode: -9" where the words say host-oom
-        lead.explained_by = None
-        _as_hypothesis(lead, codes)
+        _as_hypothesis(lead, codes)  # no root cause here, so it confirms nothing yet (explained_by is None)
     if lead is None:
         lead = _word_guess(col, codes, family=other)
         if lead is None:

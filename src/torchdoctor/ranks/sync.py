@@ -370,6 +370,8 @@ def _stack(tensors: list[tuple[str, Any]], device: Any) -> Any:
     """Every tensor's checksums, concatenated on ``device`` with one transfer per source device."""
     import torch
 
+    if not tensors:
+        return torch.empty(0, dtype=torch.float64, device=device)
     by_device: dict[Any, list[Any]] = {}
     order: list[tuple[Any, int]] = []
     for _, t in tensors:
@@ -378,8 +380,6 @@ def _stack(tensors: list[tuple[str, Any]], device: Any) -> Any:
         order.append((sums.device, len(bucket)))
         bucket.append(sums)
     moved = {d: torch.stack(ts).to(device) for d, ts in by_device.items()}
-    if not order:
-        return torch.empty(0, dtype=torch.float64, device=device)
     return torch.cat([moved[d][i] for d, i in order])
 
 

@@ -765,8 +765,9 @@ def test_a_confirmation_alone_leads_as_a_hypothesis() -> None:
 
 
 # Real text: tests/fixtures/logs/TD498/pytorch-14870-gloo-works-nccl-deadlock.log (a title that two weak hang
-# symptoms of dist-hang also match): families tied at the cap go by their strongest single symptom
-def test_families_tied_at_the_cap_go_by_their_strongest_symptom() -> None:
+# symptoms of dist-hang also match): two signatures reading one sentence are one piece of evidence, so dist-hang
+# stays at its strongest single symptom instead of adding up to the cap, and the comparison with gloo leads
+def test_one_sentence_read_by_two_symptoms_of_a_family_counts_once() -> None:
     from torchdoctor.signature import SYMPTOM_MAX
 
     body = fixture_body(FIXTURES_LOGS / "TD498" / "pytorch-14870-gloo-works-nccl-deadlock.log")
@@ -774,4 +775,5 @@ def test_families_tied_at_the_cap_go_by_their_strongest_symptom() -> None:
     top = report.diagnoses[0]
     assert (top.code, top.confidence) == ("TD498", SYMPTOM_MAX)
     hang = [d for d in report.diagnoses if d.family == "dist-hang"]
-    assert hang and max(d.confidence for d in hang) == SYMPTOM_MAX  # tied: the single strongest symptom decides
+    assert len(hang) >= 2 and len({d.evidence[0].line for d in hang}) == 1  # several codes, one sentence
+    assert max(d.confidence for d in hang) == 0.5

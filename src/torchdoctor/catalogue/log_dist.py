@@ -195,6 +195,18 @@ TD451 = register(
                 confidence=0.6,
                 confirm=_PORT_CONFIRM,
             ),
+            # prose: "more than one distributed training job on the same node", "two DDP-based experiments on the
+            # same server": every launcher defaults to one port (29500), so a second job on the node collides
+            Signature(
+                role=Role.SYMPTOM,
+                triggers=("machine", "node", "host", "server", "Machine", "Node", "Server"),
+                pattern=r"(?i)\b(?:more than one|two|multiple|several|second|another|concurrent|parallel|simultaneous)\b"
+                r"[^.\n]{0,40}?\b(?:jobs?|trainings?|runs?|experiments?|instances?|tasks?)\b[^.\n]{0,40}?\b"
+                r"(?:same|one|single|a single)[ -](?:machine|node|host|server)\b",
+                values={"port": "$MASTER_PORT"},
+                confidence=0.55,
+                confirm=_PORT_CONFIRM,
+            ),
         ),
     )
 )

@@ -614,6 +614,39 @@ TD498 = register(
                 confidence=SYMPTOM_MAX,  # the comparison rules out the application's collectives
                 confirm=_GLOO_CONFIRM,
             ),
+            # NCCL's kernels spin while they wait: a hang with every GPU busy at 100% and no error is a transfer
+            # that never lands (at the start of training, with no error line, P2P is the usual reason)
+            Signature(  # "hangs forever with GPU at 100%", "freezes or hangs with 100% GPU Utilization"
+                role=Role.SYMPTOM,
+                triggers=("100%", "100 %"),
+                pattern=rf"(?i)\b{_HANG}\b[^\n]{{0,40}}?(?:\bGPUs?\b[^\n]{{0,40}}?\b100 ?%|\b100 ?% ?(?:\w+ ){{0,2}}GPU)",
+                confidence=0.55,
+                confirm=_P2P_CONFIRM,
+            ),
+            Signature(  # "the GPUs are 100% occupied, but training does not start"
+                role=Role.SYMPTOM,
+                triggers=("start", "progress"),
+                pattern=r"(?i)\bGPUs?\b[^\n]{0,30}?\b100 ?%[^\n]{0,60}?\b(?:(?:does ?n[o']?t|did ?n[o']?t|not|never) "
+                r"(?:\w+ )?start|no progress)",
+                confidence=0.55,
+                confirm=_P2P_CONFIRM,
+            ),
+            # GPUs without working peer-to-peer (GeForce RTX 40xx have none; PCIe workstation cards behind ACS or an
+            # IOMMU): "Deadlock in distribution with multiple 4090", "stuck at the first iteration on A40 GPUs"
+            Signature(
+                role=Role.SYMPTOM,
+                triggers=_HANG_WORDS,
+                pattern=rf"(?i)\b{_HANG}\b[^\n]{{0,80}}?\b(?:RTX ?)?(?:[2345]0[5-9]0(?: ?Ti)?|A[2-6]000|A4500|A5500|A40)\b",
+                confidence=0.55,
+                confirm=_P2P_CONFIRM,
+            ),
+            Signature(
+                role=Role.SYMPTOM,
+                triggers=_HANG_WORDS,
+                pattern=rf"(?i)\b(?:RTX ?)?(?:[2345]0[5-9]0(?: ?Ti)?|A[2-6]000|A4500|A5500|A40)s?\b[^\n]{{0,80}}?\b{_HANG}\b",
+                confidence=0.55,
+                confirm=_P2P_CONFIRM,
+            ),
             Signature(
                 role=Role.SYMPTOM,
                 triggers=("GPUs",),

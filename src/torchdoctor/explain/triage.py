@@ -298,9 +298,14 @@ def _hypotheses(groups: list[Group], codes: dict[str, Code]) -> list[Diagnosis]:
         if len(ds) < 2:
             continue
         best = max(ds, key=lambda d: d.confidence)
-        doubt = 1.0
+        # one sentence is one piece of evidence, however many of the family's signatures read it
+        per_line: dict[tuple[str, int] | int, float] = {}
         for d in ds:
-            doubt *= 1 - d.confidence
+            key = (d.evidence[0].file, d.evidence[0].line) if d.evidence else id(d)
+            per_line[key] = max(per_line.get(key, 0.0), d.confidence)
+        doubt = 1.0
+        for c in per_line.values():
+            doubt *= 1 - c
         best.confidence = min(SYMPTOM_MAX, 1 - doubt)
         best.notes.append(f"{len(ds)} symptoms point at {family}: " + ", ".join(d.code for d in ds))
     for d in out:

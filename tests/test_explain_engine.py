@@ -777,3 +777,19 @@ def test_one_sentence_read_by_two_symptoms_of_a_family_counts_once() -> None:
     hang = [d for d in report.diagnoses if d.family == "dist-hang"]
     assert len(hang) >= 2 and len({d.evidence[0].line for d in hang}) == 1  # several codes, one sentence
     assert max(d.confidence for d in hang) == 0.5
+
+
+# Real text: tests/fixtures/logs/TD489/nccl-1016-two-h100-nodes.log (NCCL's 'unhandled system error', then the report
+# says it runs "multi node ... between 2 H100 nodes"): rule 11 reads the generic NCCL error as the network between
+# the nodes; the same error line alone stays NCCL's own
+def test_a_generic_nccl_error_on_several_nodes_is_read_as_the_network_between_them() -> None:
+    body = [line for line in fixture_body(FIXTURES_LOGS / "TD489" / "nccl-1016-two-h100-nodes.log") if line.strip()]
+    report = explain("\n".join(body) + "\n")
+    top = report.diagnoses[0]
+    assert (top.code, top.family, top.role) == ("TD489", "dist-connect", "root-cause")
+    assert report.root_cause is not None and report.root_cause.code == "TD489"
+    assert top.confidence < 0.8 and any("multi node" in n for n in top.notes)
+    nccl = next(d for d in report.diagnoses if d.code == "TD480")
+    assert nccl.explained_by == "TD489"
+    alone = explain(body[0] + "\n")
+    assert alone.diagnoses[0].code == "TD480" and all(d.code != "TD489" for d in alone.diagnoses)

@@ -83,6 +83,9 @@ class Code:
     cause_follows: int = 0
     """For a wrapper error that prints its cause on the next lines (NCCL's ``Last error:`` block): how many
     lines. A more specific root cause recognised there leads instead of this code (``explain``)."""
+    across_nodes: str = ""
+    """For a generic error that, on a run over several machines, is most often the network between them (NCCL's
+    'unhandled system error'): the code it is read as when the log shows several nodes (``explain``)."""
 
     def placeholders(self) -> set[str]:
         names: set[str] = set()
@@ -168,9 +171,11 @@ def all_codes() -> list[Code]:
 
 
 def log_codes() -> list[Code]:
-    """Codes with log signatures, loading only the ``log_*`` catalogue modules (what ``explain`` needs)."""
+    """Codes with log signatures, and the codes ``explain`` reads one of them as (:attr:`Code.across_nodes`),
+    loading only the ``log_*`` catalogue modules (what ``explain`` needs)."""
     _load(logs_only=True)
-    return sorted((c for c in _REGISTRY.values() if c.signatures), key=lambda c: c.code)
+    read_as = {c.across_nodes for c in _REGISTRY.values() if c.signatures and c.across_nodes}
+    return sorted((c for c in _REGISTRY.values() if c.signatures or c.code in read_as), key=lambda c: c.code)
 
 
 def lookup(key: str) -> Code:

@@ -855,7 +855,8 @@ TD405 = register(
 
 MULTI_NODE = (
     r"(?i:\bmul?t?i[- ]?nodes?\b|--nnodes[= ]?[2-9]|\bnode[_-]rank\b|\b(?:two|2|three|3|four|4|several|multiple) "
-    r"(?:nodes|machines|servers|hosts)\b|\b(?:second|other) (?:node|machine)s?\b|\bnodes other than\b)"
+    r"(?:(?:remote|different|separate|physical) )?(?:nodes|machines|servers|hosts|computers?)\b|"
+    r"\b(?:second|other) (?:node|machine)s?\b|\bnodes other than\b)"
 )
 """Words of a run over several machines (where a global rank is not a local GPU index)."""
 _MULTI_NODE_WORDS = ("node", "Node", "NODE", "nnodes", "machines", "servers", "hosts", "machine")

@@ -1,4 +1,4 @@
-"""TD460-TD462, TD478: ranks that cannot find or reach each other after the rendezvous (``explain``).
+"""TD460-TD462, TD478, TD489: ranks that cannot find or reach each other after the rendezvous (``explain``).
 
 The store rendezvous (TD451-TD453 in ``log_dist.py``) only exchanges addresses; gloo then binds to the
 address its host name resolves to (or to ``GLOO_SOCKET_IFNAME``) and every pair of ranks connects
@@ -165,5 +165,34 @@ TD462 = register(
                 confidence=0.5,
             ),
         ),
+    )
+)
+
+TD489 = register(
+    Code(
+        code="TD489",
+        name="nccl-error-across-nodes",
+        family="dist-connect",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="NCCL failed with a generic error on a run over several machines: most often the network between them",
+        message="NCCL stopped with an error that names no cause ('unhandled system error', 'internal error' or "
+        "'remote process exited or there was a network error') on a job that spans several nodes: the ranks most "
+        "likely cannot reach each other over the interface NCCL picked.",
+        fix="Run once with `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` on every node and read which interface each "
+        "rank bootstraps over ('NET/Socket : Using ...'). Set `NCCL_SOCKET_IFNAME` (and `GLOO_SOCKET_IFNAME`) to the "
+        "interface the nodes reach each other over (`ip -br addr`; not `lo`, `docker0` or a `veth`); open the ports "
+        "between the nodes in the firewall or security group; try `NCCL_IB_DISABLE=1` once to tell an InfiniBand/"
+        "RoCE path from the socket path. Same NCCL version on every node.",
+        meaning="Inside one machine NCCL uses shared memory and P2P; between machines it opens sockets or InfiniBand "
+        "queue pairs to peers whose addresses it learned at bootstrap. When one node advertises an address the "
+        "others cannot reach, setup or the first collective fails with NCCL's generic errors.",
+        why="NCCL chose a docker, virtual-bridge or loopback interface, a firewall between the nodes, nodes on "
+        "different subnets, an InfiniBand or RoCE fabric that is present but not usable, or a peer that died.",
+        false_positives="The same errors on one machine are NCCL's own (TD480-TD482); on several nodes, a peer that "
+        "crashed first (its own log names why) makes the others print them too.",
+        related=("TD480", "TD481", "TD482", "TD478", "TD460"),
+        # no signature of its own: explain reads TD480-TD482 as this code when the log shows several nodes
+        # (Code.across_nodes; on the tuning half, settled as dist-connect 3 times of 4)
     )
 )

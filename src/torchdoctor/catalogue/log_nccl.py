@@ -58,6 +58,7 @@ TD480 = register(
         why="Wrong or unreachable network interface, a firewall between nodes, too little /dev/shm in a container, "
         "InfiniBand devices that are present but unusable, or memory-lock limits (ulimit -l) for RDMA.",
         false_positives="None for the message; the cause needs the NCCL WARN lines.",
+        across_nodes="TD489",
         related=("TD486", "TD483", "TD411", "TD103"),
         cause_follows=LAST_ERROR_LINES,
         signatures=(
@@ -97,6 +98,7 @@ TD481 = register(
         why="A peer process exiting during communicator setup, network resets, mismatched NCCL versions between nodes, "
         "rarely a real NCCL bug or memory corruption.",
         false_positives="None for the message itself.",
+        across_nodes="TD489",
         related=("TD482", "TD480", "TD490"),
         cause_follows=LAST_ERROR_LINES,
         signatures=(
@@ -135,6 +137,7 @@ TD482 = register(
         meaning="ncclRemoteError: a send/receive failed because the other side went away or the connection broke.",
         why="A peer rank died (its own log has the reason), a node rebooted or lost its link, or a flaky NIC/cable.",
         false_positives="On the surviving ranks this is a consequence of the first rank's failure, not a network fault.",
+        across_nodes="TD489",
         related=("TD483", "TD481", "TD490", "TD350"),
         signatures=(
             Signature(
@@ -620,14 +623,6 @@ TD498 = register(
                 role=Role.SYMPTOM,
                 triggers=("100%", "100 %"),
                 pattern=rf"(?i)\b{_HANG}\b[^\n]{{0,40}}?(?:\bGPUs?\b[^\n]{{0,40}}?\b100 ?%|\b100 ?% ?(?:\w+ ){{0,2}}GPU)",
-                confidence=0.55,
-                confirm=_P2P_CONFIRM,
-            ),
-            Signature(  # "the GPUs are 100% occupied, but training does not start"
-                role=Role.SYMPTOM,
-                triggers=("start", "progress"),
-                pattern=r"(?i)\bGPUs?\b[^\n]{0,30}?\b100 ?%[^\n]{0,60}?\b(?:(?:does ?n[o']?t|did ?n[o']?t|not|never) "
-                r"(?:\w+ )?start|no progress)",
                 confidence=0.55,
                 confirm=_P2P_CONFIRM,
             ),

@@ -42,9 +42,11 @@ Rules, in order:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..registry import Code, Hit
+from ..catalogue.log_dist import MULTI_NODE
 from ..signature import SYMPTOM_MAX
 from ..stopping import signal_name
 from .collect import MAX_GROUP_RANKS, Collector, Event, Group
@@ -53,6 +55,7 @@ from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 from .normalize import RankFailure
 
 WEAK = 0.5
+_MULTI_NODE = re.compile(MULTI_NODE)
 ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3, "symptom": 4}
 SURE = 0.8
 """Answers at or above this confidence are meant to be right at least 95% of the time."""
@@ -68,6 +71,9 @@ SYMPTOM_AGAINST = 0.1
 hypothesis' family at most SYMPTOM_AGAINST (10-fold CV on the tuning half of 669 reports: 5 answers changed, all
 from wrong to right; on 43 reports gathered afterwards and measured before the word model read them, none
 changed)."""
+ACROSS_NODES = 0.7
+"""Rule 11: the confidence of a generic NCCL error read as the network between nodes (tuning half of 725 reports:
+such errors on logs that show several nodes were settled as dist-connect 3 times of 4)."""
 CASCADE_AS_ANSWER = 0.7
 """A cascade's confidence as an answer when no root cause was found (rules 3 and 7)."""
 SHOW_UNMATCHED = 8
@@ -179,9 +185,15 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
         if wrapped is not chosen and wrapped is not None:
             root_diag.notes.append(f"the reason printed with {wrapped.code}'s error, which names no cause itself")
         diagnoses.append(root_diag)
+        between = _across_nodes(root_diag, chosen, _first_event(chosen, by_time), col, codes)
+        if between is not None:
+            diagnoses.insert(0, between)
+            root_diag = between
     other_roots = sorted((g for g in roots if g is not chosen), key=lambda g: g.first.seq)
     diagnoses += [_diagnosis(g, codes[g.code], g.first) for g in other_roots]
     for d in diagnoses[1:]:
+        if d.explained_by is not None:
+            continue
         if root_diag is not None and wrapped is not None and wrapped is not chosen and d.code == wrapped.code:
             d.explained_by = root_diag.code
             d.notes.append(f"the error that printed {root_diag.code}'s reason")
@@ -458,6 +470,34 @@ def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[
     top.confidence = min(top.confidence, lead.confidence)
     top.notes.append(f"the words of the log all but rule this family out and point at {other}")
     return [lead] + [d for d in diagnoses if d is not lead]
+
+
+def _several_nodes(col: Collector) -> str | None:
+    """How the log shows a run over several machines: ranks on several hosts, or the words of one (``--nnodes 2``,
+    "two machines", "multi-node"); None when it shows neither."""
+    hosts = sorted({r.host for r in col.ranks.values() if r.host})
+    if len(hosts) >= 2:
+        return f"ranks on {len(hosts)} hosts ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''})"
+    m = _MULTI_NODE.search(_log_words(col))
+    return f"the log says '{m.group(0)}'" if m else None
+
+
+def _across_nodes(d: Diagnosis, g: Group, first: Event, col: Collector, codes: dict[str, Code]) -> Diagnosis | None:
+    """Rule 11: a generic NCCL error (``Code.across_nodes``: 'unhandled system error', 'internal error', 'remote
+    process exited') on a log that shows several nodes is read as that code (the network between the nodes): the
+    lead, never sure; the error as NCCL printed it follows, explained by it."""
+    target = codes.get(codes[d.code].across_nodes)
+    if target is None:
+        return None
+    seen = _several_nodes(col)
+    if seen is None:
+        return None
+    lead = _diagnosis(g, target, first)
+    lead.confidence = min(d.confidence, ACROSS_NODES)
+    lead.notes.append(f"{d.code} ({codes[d.code].title}) on a run over several nodes: {seen}")
+    d.explained_by = target.code
+    d.notes.append(f"what NCCL printed; on a run over several nodes read as {target.code}")
+    return lead
 
 
 def _rank_text(rank: int | None) -> str:

@@ -21,3 +21,10 @@ FAMILIES: dict[str, str] = {
     "concurrent-write": "several ranks or workers write one file without coordination",
     "thread-oversubscription": "threads x processes exceed the usable cores",
 }
+
+SHOWS_AS: dict[str, tuple[str, ...]] = {
+    "rank-divergence": ("dist-hang",),
+}
+"""Families whose failures usually surface as another family's symptom: ranks that took different paths wait in
+a collective that never completes. ``explain`` lets the words of a report decide between the symptom and the
+cause behind it (rule 10 of :mod:`torchdoctor.explain.triage`)."""

@@ -36,8 +36,14 @@ Rules, in order:
    listed after it as a guess (:func:`_second_opinion`).
 10. A hypothesis that leads (rule 7: a symptom, often a sentence of prose) whose family the words all but rule
     out, while they point hard at another family, yields the lead to that family's hypothesis, or to the
-    words' guess (:func:`_words_over_symptom`). A cascade that leads keeps the lead: it is a line the
-    failure printed, and the words of a machine log are not evidence against it.
+    words' guess (:func:`_words_over_symptom`). It yields just as well when the words merely rank first a
+    family whose failures show as that symptom (:data:`~torchdoctor.families.SHOWS_AS`: ranks that took
+    different paths hang in a collective): the cause behind the symptom leads. A cascade that leads keeps
+    the lead: it is a line the failure printed, and the words of a machine log are not evidence against it.
+11. A generic NCCL error (``Code.across_nodes``: 'unhandled system error', 'internal error', 'remote process
+    exited') on a log that shows several nodes (ranks on several hosts, or the words of a multi-node run) is
+    read as the network between the nodes (TD489, dist-connect), below :data:`SURE`; NCCL's own code follows,
+    explained by it (:func:`_across_nodes`).
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..registry import Code, Hit
 from ..catalogue.log_dist import MULTI_NODE
+from ..families import SHOWS_AS
+from ..registry import Code, Hit
 from ..signature import SYMPTOM_MAX
 from ..stopping import signal_name
 from .collect import MAX_GROUP_RANKS, Collector, Event, Group
@@ -453,7 +460,10 @@ def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[
     if opinion is None:
         return diagnoses
     other, probs, words = opinion
-    if other == top.family or probs[other] < WORDS_LEAD or probs.get(top.family, 0.0) > SYMPTOM_AGAINST:
+    behind = top.family in SHOWS_AS.get(other, ())  # the words name a cause that shows as this very symptom
+    if other == top.family or (
+        not behind and (probs[other] < WORDS_LEAD or probs.get(top.family, 0.0) > SYMPTOM_AGAINST)
+    ):
         return diagnoses
     roles = ("hypothesis", "cascade", "confirmation")
     lead = next((d for d in diagnoses if d.family == other and d.role in roles), None)
@@ -467,8 +477,12 @@ def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[
     else:
         lead.confidence = max(lead.confidence, min(WORDS_MAX, round(probs[other], 2)))
         lead.notes.append(f"the words of the log ({words}) point at this family: the lead")
+    if behind:
+        lead.notes.append(f"{other} usually shows as {top.family}: the cause behind the symptom {top.code} describes")
+        top.notes.append(f"the symptom; the words of the log name the cause behind it ({other})")
+    else:
+        top.notes.append(f"the words of the log all but rule this family out and point at {other}")
     top.confidence = min(top.confidence, lead.confidence)
-    top.notes.append(f"the words of the log all but rule this family out and point at {other}")
     return [lead] + [d for d in diagnoses if d is not lead]
 
 

@@ -520,6 +520,8 @@ TD495 = register(
 
 
 _HANG = r"(?:hangs?|hung|hanging|stuck|freez\w*|frozen|deadlock\w*)"
+_PCIE_CARD = r"(?:RTX ?)?(?:[2345]0[5-9]0(?: ?Ti)?|A[2-6]000|A4500|A5500|A40)"
+"""GeForce RTX 20xx-50xx and PCIe workstation cards (A2000-A6000, A40): P2P missing or behind ACS/IOMMU."""
 _HANG_WORDS = (
     " hang",
     "Hang",
@@ -631,14 +633,7 @@ TD498 = register(
             Signature(
                 role=Role.SYMPTOM,
                 triggers=_HANG_WORDS,
-                pattern=rf"(?i)\b{_HANG}\b[^\n]{{0,80}}?\b(?:RTX ?)?(?:[2345]0[5-9]0(?: ?Ti)?|A[2-6]000|A4500|A5500|A40)\b",
-                confidence=0.55,
-                confirm=_P2P_CONFIRM,
-            ),
-            Signature(
-                role=Role.SYMPTOM,
-                triggers=_HANG_WORDS,
-                pattern=rf"(?i)\b(?:RTX ?)?(?:[2345]0[5-9]0(?: ?Ti)?|A[2-6]000|A4500|A5500|A40)s?\b[^\n]{{0,80}}?\b{_HANG}\b",
+                pattern=rf"(?i)\b{_HANG}\b[^\n]{{0,80}}?\b{_PCIE_CARD}\b|\b{_PCIE_CARD}s?\b[^\n]{{0,80}}?\b{_HANG}\b",
                 confidence=0.55,
                 confirm=_P2P_CONFIRM,
             ),

@@ -186,7 +186,8 @@ TD489 = register(
         "RoCE path from the socket path. Same NCCL version on every node.",
         meaning="Inside one machine NCCL uses shared memory and P2P; between machines it opens sockets or InfiniBand "
         "queue pairs to peers whose addresses it learned at bootstrap. When one node advertises an address the "
-        "others cannot reach, setup or the first collective fails with NCCL's generic errors.",
+        "others cannot reach, setup or the first collective fails with NCCL's generic errors. `explain` reads TD480-TD482 "
+        "as this code when the log shows several nodes (ranks on several hosts, or the words of a multi-node run).",
         why="NCCL chose a docker, virtual-bridge or loopback interface, a firewall between the nodes, nodes on "
         "different subnets, an InfiniBand or RoCE fabric that is present but not usable, or a peer that died.",
         false_positives="The same errors on one machine are NCCL's own (TD480-TD482); on several nodes, a peer that "

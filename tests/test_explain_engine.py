@@ -793,3 +793,19 @@ def test_a_generic_nccl_error_on_several_nodes_is_read_as_the_network_between_th
     assert nccl.explained_by == "TD489"
     alone = explain(body[0] + "\n")
     assert alone.diagnoses[0].code == "TD480" and all(d.code != "TD489" for d in alone.diagnoses)
+
+
+def test_several_nodes_are_seen_from_the_hosts_of_the_ranks_or_from_the_words() -> None:
+    """Rule 11's test of a multi-node run: ranks that failed on two hosts, or the words of such a run in the
+    log's head; one host and no such words is one node."""
+    from torchdoctor.explain.collect import Collector, RankRecord
+    from torchdoctor.explain.triage import _several_nodes
+
+    col = Collector()
+    col.ranks = {0: RankRecord(host="node-1"), 1: RankRecord(host="node-1")}
+    assert _several_nodes(col) is None
+    col.ranks[8] = RankRecord(host="node-2")
+    assert _several_nodes(col) == "ranks on 2 hosts (node-1, node-2)"
+    one = Collector()
+    one.head = [("train.log", 1, "torchrun --nnodes=2 --node_rank=1 train.py")]
+    assert _several_nodes(one) == "the log says '--nnodes=2'"

@@ -253,8 +253,8 @@ TD356 = register(
                 pattern=r"(?:CUDA error(?: \(\d+\))?: |cuda runtime error \(\d+\) : |error=\d+ : |Error \d+: |CUDA: )"
                 r"invalid device ordinal",
                 exclude=(MULTI_NODE,),  # on a multi-node run: the global rank used as the index (TD479)
-                # the message is certain, its family is not: of 22 labelled reports with it (tuning half and the old
-                # set), 7 were settled as a launcher starting more processes than the node has GPUs (dist-env)
+                # the message is certain, its family is not: of 24 labelled reports with it (tuning half and the old
+                # set), 9 were settled as a launcher starting more processes than the node has GPUs (dist-env)
                 confidence=0.7,
             ),
         ),

@@ -62,7 +62,6 @@ from .model import Diagnosis, ExplainReport, LineRef, UnmatchedError
 from .normalize import RankFailure
 
 WEAK = 0.5
-_MULTI_NODE = re.compile(MULTI_NODE)
 ROLE_ORDER = {"root-cause": 0, "cascade": 1, "confirmation": 2, "advice": 3, "symptom": 4}
 SURE = 0.8
 """Answers at or above this confidence are meant to be right at least 95% of the time."""
@@ -81,6 +80,7 @@ changed)."""
 ACROSS_NODES = 0.7
 """Rule 11: the confidence of a generic NCCL error read as the network between nodes (tuning half of 725 reports:
 such errors on logs that show several nodes were settled as dist-connect 3 times of 4)."""
+_MULTI_NODE = re.compile(MULTI_NODE)
 CASCADE_AS_ANSWER = 0.7
 """A cascade's confidence as an answer when no root cause was found (rules 3 and 7)."""
 SHOW_UNMATCHED = 8
@@ -188,11 +188,12 @@ def triage(col: Collector, codes: dict[str, Code], sources: list[str]) -> Explai
     diagnoses: list[Diagnosis] = []
     root_diag: Diagnosis | None = None
     if chosen is not None:
-        root_diag = _diagnosis(chosen, codes[chosen.code], _first_event(chosen, by_time))
+        first = _first_event(chosen, by_time)
+        root_diag = _diagnosis(chosen, codes[chosen.code], first)
         if wrapped is not chosen and wrapped is not None:
             root_diag.notes.append(f"the reason printed with {wrapped.code}'s error, which names no cause itself")
         diagnoses.append(root_diag)
-        between = _across_nodes(root_diag, chosen, _first_event(chosen, by_time), col, codes)
+        between = _across_nodes(root_diag, chosen, first, col, codes)
         if between is not None:
             diagnoses.insert(0, between)
             root_diag = between

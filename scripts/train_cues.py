@@ -24,6 +24,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
@@ -61,6 +62,12 @@ TOP_WEIGHTS = 1000
 """Per family, the words with the largest absolute weight kept (10-fold CV: 2000 kept gave the same
 right answers as all, 1000 one fewer of 255)."""
 FOLDS = 10
+CHAR_C = 20.0
+"""Inverse regularisation of the character model (grams L2-normalised per text want a weaker penalty)."""
+CHAR_MIN_DOCS = 3
+CHAR_TOP = 500
+"""Per family, the character grams of largest absolute weight kept for the refit."""
+VERSION = 3
 
 
 def data_digest(docs: list[tuple[str, str, str | None]]) -> str:
@@ -71,7 +78,7 @@ def data_digest(docs: list[tuple[str, str, str | None]]) -> str:
     return h.hexdigest()
 
 
-def fit(docs: list[tuple[str, str, str | None]]) -> dict[str, object]:
+def fit(docs: list[tuple[str, str, str | None]]) -> dict[str, Any]:
     """A model from ``(text, family, code or None)`` documents: per family a logistic regression's bias
     and word weights, per code the words that tell it from its family's other codes."""
     try:
@@ -96,16 +103,58 @@ def fit(docs: list[tuple[str, str, str | None]]) -> dict[str, object]:
             "weights": {str(vocab[j]): round(float(w[j]), 4) for j in keep if round(float(w[j]), 4) != 0},
         }
     return {
-        "version": 2,
+        "version": VERSION,
         "documents": len(docs),
         "data_sha256": data_digest(docs),
         "families": families,
+        "chars": fit_chars(docs),
         "codes": cues.train_codes(docs),
     }
 
 
-def render(model: dict[str, object]) -> str:
-    return json.dumps(model, indent=0, sort_keys=True) + "\n"
+def fit_chars(docs: list[tuple[str, str, str | None]]) -> dict[str, object]:
+    """The character model: a logistic regression over the presence of the texts' character grams
+    (:func:`torchdoctor.explain.cues.char_grams`, L2-normalised), refitted on the CHAR_TOP grams of largest weight
+    per family so the model stays small; weights per gram, one per family in ``families`` order."""
+    import numpy as np
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    texts = [text for text, _, _ in docs]
+    labels = [family for _, family, _ in docs]
+    grams = [cues.char_grams(text) for text in texts]
+
+    def vectorizer(vocabulary: object = None) -> TfidfVectorizer:
+        return TfidfVectorizer(
+            analyzer=lambda g: g,
+            binary=True,
+            use_idf=False,
+            min_df=1 if vocabulary is not None else CHAR_MIN_DOCS,
+            vocabulary=vocabulary,
+        )
+
+    vec = vectorizer()
+    clf = LogisticRegression(C=CHAR_C, max_iter=3000).fit(vec.fit_transform(grams), labels)
+    keep = sorted(set(np.argsort(-np.abs(clf.coef_), axis=1, kind="stable")[:, :CHAR_TOP].ravel().tolist()))
+    vocab = [str(g) for g in vec.get_feature_names_out()[keep]]
+    vec = vectorizer(vocab)
+    clf = LogisticRegression(C=CHAR_C, max_iter=3000).fit(vec.fit_transform(grams), labels)
+    names = vec.get_feature_names_out()
+    return {
+        "families": [str(f) for f in clf.classes_],
+        "bias": [round(float(b), 4) for b in clf.intercept_],
+        "weights": {str(g): [round(float(w), 3) for w in clf.coef_[:, j]] for j, g in enumerate(names)},
+    }
+
+
+def render(model: dict[str, Any]) -> str:
+    """The model as JSON, one entry a line; a character gram's weights on its own line."""
+    chars = model["chars"]
+    rest = {**model, "chars": {**chars, "weights": "@WEIGHTS@"}}
+    rows = ",\n".join(
+        f"{json.dumps(g)}:{json.dumps(w, separators=(',', ':'))}" for g, w in sorted(chars["weights"].items())
+    )
+    return json.dumps(rest, indent=0, sort_keys=True).replace('"@WEIGHTS@"', "{\n" + rows + "\n}") + "\n"
 
 
 def cross_validate() -> int:
@@ -151,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     docs = list(documents())
     if args.check:
         current = cues.model() if cues.MODEL.exists() else {}
-        if current.get("data_sha256") != data_digest(docs) or current.get("version") != 2:
+        if current.get("data_sha256") != data_digest(docs) or current.get("version") != VERSION:
             print(f"{cues.MODEL.relative_to(REPO)} is stale: run python scripts/train_cues.py", file=sys.stderr)
             return 1
         return 0

@@ -241,3 +241,40 @@ def test_words_that_name_the_cause_behind_a_hang_lead_even_when_weak(monkeypatch
 
     monkeypatch.setattr(cues, "model", lambda: model("concurrent-write"))
     assert explain(HANG_PROSE + bar).diagnoses[0].code == "TD455"
+
+
+def test_character_grams_read_words_the_word_model_cannot() -> None:
+    """The character model reads the 3- to 5-grams of each distinct word, padded with a space: identifiers glued to
+    values and other languages give grams where the word model's tokens (ASCII letters only) give nothing."""
+    grams = cues.char_grams("export NCCL_SOCKET_IFNAME=eth0; 多机多卡训练卡住")
+    assert {" ncc", "ifnam", "eth0;", " 多机多", "训练卡住 "} <= grams
+    assert not cues.tokens("多机多卡训练卡住")  # the word model sees nothing here
+    assert all(3 <= len(g) <= 5 for g in grams)
+    long_word = "x" * 100
+    assert max(len(g.strip()) for g in cues.char_grams(long_word)) <= 5
+    assert cues.char_grams(long_word) == cues.char_grams("x" * cues.CHAR_WORD)  # long words are cut
+    assert cues.char_grams("see https://github.com/pytorch/pytorch/issues/1 ![img](x.png)") == cues.char_grams("see")
+
+
+def test_a_long_text_is_read_at_its_start_and_its_end() -> None:
+    """explain appends the error lines it kept after the log's head: the character model reads the start and the
+    end of a long text, not only its first bytes."""
+    filler = "epoch step loss\n" * (cues.CHAR_BYTES // 8)
+    text = "alpha_first\n" + filler + "middle_word\n" + filler + "omega_last\n"
+    grams = cues.char_grams(text)
+    assert "alpha" in grams and "omega" in grams and "middl" not in grams
+
+
+def test_the_committed_model_averages_a_word_and_a_character_model() -> None:
+    m = cues.model()
+    chars = m["chars"]
+    assert sorted(chars["families"]) == sorted(m["families"]) and len(chars["bias"]) == len(chars["families"])
+    assert chars["weights"] and all(len(row) == len(chars["families"]) for row in chars["weights"].values())
+    probs, supports = cues.family_probabilities(PROSE_SHM, m)
+    assert abs(sum(probs.values()) - 1) < 1e-9 and set(supports) == set(m["families"])
+    words_only = {**m, "chars": None}
+    by_words, _ = cues.family_probabilities(PROSE_SHM, words_only)
+    by_chars = cues.char_probabilities(PROSE_SHM, m)
+    assert abs(sum(by_chars.values()) - 1) < 1e-9
+    for family, p in probs.items():
+        assert abs(p - (by_words[family] + by_chars[family]) / 2) < 1e-9

@@ -809,3 +809,43 @@ def test_several_nodes_are_seen_from_the_hosts_of_the_ranks_or_from_the_words() 
     one = Collector()
     one.head = [("train.log", 1, "torchrun --nnodes=2 --node_rank=1 train.py")]
     assert _several_nodes(one) == "the log says '--nnodes=2'"
+
+
+# Phrases from real reports (the tune half's pytorch-68893, lmcache-1988, rhkb-463024, milabench-183) and a
+# few single-machine phrasings: rule 11 needs the words of a run over several machines, not any number near "node"
+@pytest.mark.parametrize(
+    ("phrase", "several"),
+    [
+        ("a simple distributed PyTorch job across 2 `g4dn.xlarge` nodes", True),
+        ("When using lmcache with sglang in a two-node deployment", True),
+        ("单机多卡可以正常训练模型,多机多卡数据加载完成后卡住不动", True),
+        ("Running on 3 nodes, each node has 2 A10 GPUs.", True),
+        ("multi-machine training with torchrun", True),
+        ("I run it on a 2-GPU machine", False),
+        ("Failed to find reverse path from remNode 0/5f000 nlinks 4 to node 0/cb000", False),
+        ("2 GPUs on one node", False),
+        ("torchrun --standalone --nproc_per_node=8 train.py", False),
+    ],
+)
+def test_the_words_of_a_multi_node_run(phrase: str, several: bool) -> None:
+    from torchdoctor.explain.collect import Collector
+    from torchdoctor.explain.triage import _several_nodes
+
+    col = Collector()
+    col.head = [("report.txt", 1, phrase)]
+    assert (_several_nodes(col) is not None) is several
+
+
+# Real text: tests/fixtures/logs/TD479/sglang-3470-two-nodes-tp16.log ('invalid device ordinal' in the title,
+# '--nnodes 2' in the launch command on the next line): rule 11 reads TD356 as the global rank used as the device
+def test_an_invalid_device_ordinal_on_several_nodes_is_read_as_the_global_rank() -> None:
+    body = [line for line in fixture_body(FIXTURES_LOGS / "TD479" / "sglang-3470-two-nodes-tp16.log") if line.strip()]
+    report = explain("\n".join(body) + "\n")
+    top = report.diagnoses[0]
+    assert (top.code, top.family, top.role) == ("TD479", "dist-env", "root-cause")
+    assert top.confidence < 0.8 and any("--nnodes 2" in n for n in top.notes)
+    assert "TD356's line on a run over several nodes" in top.message
+    ordinal = next(d for d in report.diagnoses if d.code == "TD356")
+    assert ordinal.explained_by == "TD479"
+    alone = explain(body[0] + "\n")
+    assert alone.diagnoses[0].code == "TD356" and all(d.code != "TD479" for d in alone.diagnoses)

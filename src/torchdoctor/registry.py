@@ -84,8 +84,9 @@ class Code:
     """For a wrapper error that prints its cause on the next lines (NCCL's ``Last error:`` block): how many
     lines. A more specific root cause recognised there leads instead of this code (``explain``)."""
     across_nodes: str = ""
-    """For a generic error that, on a run over several machines, is most often the network between them (NCCL's
-    'unhandled system error'): the code it is read as when the log shows several nodes (``explain``)."""
+    """For an error whose usual cause differs on a run over several machines (NCCL's 'unhandled system error': the
+    network between them; 'invalid device ordinal': the global rank used as a device index): the code it is read as
+    when the log shows several nodes (``explain``)."""
 
     def placeholders(self) -> set[str]:
         names: set[str] = set()

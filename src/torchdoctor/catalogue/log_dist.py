@@ -854,9 +854,13 @@ TD405 = register(
 )
 
 MULTI_NODE = (
-    r"(?i:\bmul?t?i[- ]?nodes?\b|--nnodes[= ]?[2-9]|\bnode[_-]rank\b|\b(?:two|2|three|3|four|4|several|multiple) "
-    r"(?:(?:remote|different|separate|physical) )?(?:nodes|machines|servers|hosts|computers?)\b|"
-    r"\b(?:second|other) (?:node|machine)s?\b|\bnodes other than\b)"
+    r"(?i:\bmul?t?i[- ]?(?:nodes?|machines?)\b|--nnodes[= ]?[2-9]|\bnode[_-]rank\b|"
+    r"\b(?:two|2|three|3|four|4|several|multiple)(?:-| (?:(?!(?:gpu|card|core|cpu|process)(?:e?s)?\b|"
+    r"(?:to|of|on|in|at|per|for|and|or|the|with|from|by)\b)[`'\"]?[\w.-]{2,24}[`'\"]? )?)"
+    r"(?:nodes?|machines?|servers|hosts|computers?)\b|"
+    r"\b(?:second|other) (?:node|machine)s?\b|\bnodes other than\b)|"
+    # Chinese: multi-machine (多机, 多台机器), multi-node (多节点), two machines/servers (两台机器/服务器), across nodes
+    r"多机|多节点|多台(?:机器|服务器)|两台(?:机器|服务器|主机)|跨节点"
 )
 """Words of a run over several machines (where a global rank is not a local GPU index)."""
 _MULTI_NODE_WORDS = ("node", "Node", "NODE", "nnodes", "machines", "servers", "hosts", "machine")
@@ -876,7 +880,9 @@ TD479 = register(
         "sets it; under Slurm `SLURM_LOCALID`), `device = torch.device('cuda', local_rank)`, or in Accelerate/"
         "Transformers `accelerator.local_process_index`; never `rank` or `dist.get_rank()` for a device index.",
         meaning="RANK numbers every process of the job (0 .. WORLD_SIZE-1), LOCAL_RANK only those on one node (0 .. "
-        "GPUs per node - 1). On one node they are equal, so the bug shows only once a second node joins.",
+        "GPUs per node - 1). On one node they are equal, so the bug shows only once a second node joins. `explain` "
+        "also reads TD356 as this code when the log shows several nodes (ranks on several hosts, or the words of a "
+        "multi-node run elsewhere in the report).",
         why="`torch.cuda.set_device(rank)` or `cuda:{rank}` written and tested on one machine; a library that returns "
         "the global process index as the device.",
         false_positives="An invalid device ordinal on a single node is TD356 (more processes than GPUs, a hard-coded "

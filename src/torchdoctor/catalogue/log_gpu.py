@@ -245,6 +245,9 @@ TD356 = register(
         "scheduler while the code still indexes by LOCAL_RANK.",
         false_positives="None known.",
         related=("TD309", "TD307", "TD308"),
+        # on a log that shows several nodes (the words of the report, ranks on several hosts): the global rank used as
+        # the device index (tuning half: both reports with it and the words of a multi-node run were settled so)
+        across_nodes="TD479",
         signatures=(
             Signature(
                 role=Role.ROOT_CAUSE,

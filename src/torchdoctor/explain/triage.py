@@ -40,10 +40,11 @@ Rules, in order:
     family whose failures show as that symptom (:data:`~torchdoctor.families.SHOWS_AS`: ranks that took
     different paths hang in a collective): the cause behind the symptom leads. A cascade that leads keeps
     the lead: it is a line the failure printed, and the words of a machine log are not evidence against it.
-11. A generic NCCL error (``Code.across_nodes``: 'unhandled system error', 'internal error', 'remote process
-    exited') on a log that shows several nodes (ranks on several hosts, or the words of a multi-node run) is
-    read as the network between the nodes (TD489, dist-connect), below :data:`SURE`; NCCL's own code follows,
-    explained by it (:func:`_across_nodes`).
+11. An error whose usual cause differs on a run over several machines (``Code.across_nodes``) on a log that shows
+    several nodes (ranks on several hosts, or the words of a multi-node run) is read as that cause, below
+    :data:`SURE`: NCCL's generic errors ('unhandled system error', 'internal error', 'remote process exited') as the
+    network between the nodes (TD489, dist-connect), 'invalid device ordinal' as the global rank used as the device
+    index (TD479, dist-env). The code as printed follows, explained by it (:func:`_across_nodes`).
 """
 
 from __future__ import annotations
@@ -130,10 +131,12 @@ def _cause_that_follows(chosen: Group, strong: list[Group], codes: dict[str, Cod
     return min(after, key=lambda g: g.first.seq) if after else chosen
 
 
-def _diagnosis(g: Group, code: Code, first: Event) -> Diagnosis:
+def _diagnosis(g: Group, code: Code, first: Event, extra: dict[str, str] | None = None) -> Diagnosis:
+    """``extra``: values for the code's placeholders that the line itself does not give (rule 11's reading)."""
     # a value the log does not show (a placeholder, a cut line) is said to be unknown, never left as {name}
     unknown = dict.fromkeys(code.placeholders(), "?")
-    values = {**unknown, "rank": str(first.ref.rank) if first.ref.rank is not None else "?", **first.values}
+    given = {k: v for k, v in (extra or {}).items() if k in unknown}
+    values = {**unknown, **given, "rank": str(first.ref.rank) if first.ref.rank is not None else "?", **first.values}
     if first.ref.host:
         values.setdefault("host", first.ref.host)
     finding = code.finding(Hit(values))
@@ -444,10 +447,9 @@ def _words_opinion(col: Collector) -> tuple[str, dict[str, float], str] | None:
     m = cues.model()
     if not m.get("families"):
         return None
-    scored = cues.family_scores(cues.tokens(_log_words(col)), m)
-    probs = cues.probabilities({f: sc for f, (sc, _) in scored.items()})
+    probs, supports = cues.family_probabilities(_log_words(col), m)
     best = max(probs, key=lambda f: probs[f])
-    return best, probs, ", ".join(t for _, t in scored[best][1][:6])
+    return best, probs, ", ".join(t for _, t in supports[best][:6])
 
 
 def _words_over_symptom(diagnoses: list[Diagnosis], col: Collector, codes: dict[str, Code]) -> list[Diagnosis]:
@@ -498,20 +500,21 @@ def _several_nodes(col: Collector) -> str | None:
 
 
 def _across_nodes(d: Diagnosis, g: Group, first: Event, col: Collector, codes: dict[str, Code]) -> Diagnosis | None:
-    """Rule 11: a generic NCCL error (``Code.across_nodes``: 'unhandled system error', 'internal error', 'remote
-    process exited') on a log that shows several nodes is read as that code (the network between the nodes): the
-    lead, never sure; the error as NCCL printed it follows, explained by it."""
+    """Rule 11: an error whose usual cause is another one on a run over several machines (``Code.across_nodes``:
+    NCCL's 'unhandled system error', 'internal error', 'remote process exited' -> the network between the nodes;
+    'invalid device ordinal' -> the global rank used as the device index) on a log that shows several nodes is read
+    as that code: the lead, never sure; the error as it was printed follows, explained by it."""
     target = codes.get(codes[d.code].across_nodes)
     if target is None:
         return None
     seen = _several_nodes(col)
     if seen is None:
         return None
-    lead = _diagnosis(g, target, first)
+    lead = _diagnosis(g, target, first, extra={"evidence": f"{d.code}'s line on a run over several nodes"})
     lead.confidence = min(d.confidence, ACROSS_NODES)
     lead.notes.append(f"{d.code} ({codes[d.code].title}) on a run over several nodes: {seen}")
     d.explained_by = target.code
-    d.notes.append(f"what NCCL printed; on a run over several nodes read as {target.code}")
+    d.notes.append(f"the error as printed; on a run over several nodes read as {target.code}")
     return lead
 
 

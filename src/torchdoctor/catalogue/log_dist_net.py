@@ -60,27 +60,46 @@ TD478 = register(
         family="dist-connect",
         severity=Severity.ERROR,
         area="distributed",
-        title="NCCL found no network interface to bootstrap over (NCCL_SOCKET_IFNAME)",
-        message="NCCL found no usable socket interface for its bootstrap, so the ranks cannot exchange their "
-        "addresses: NCCL_SOCKET_IFNAME names an interface this node does not have, or no interface is up.",
+        title="NCCL found no usable network interface, or could not reach a peer over the one it picked "
+        "(NCCL_SOCKET_IFNAME)",
+        message="NCCL could not open its sockets between the ranks ({what}): NCCL_SOCKET_IFNAME names an interface "
+        "this node does not have, no interface is up, or the address NCCL advertised over the interface it picked "
+        "(a docker bridge, a veth, loopback, an IPoIB port) is one the peer cannot reach.",
         fix="On every node list the interfaces (`ip -br addr`) and set `NCCL_SOCKET_IFNAME` to the one the nodes reach "
         "each other over; when the nodes name it differently, give a prefix or a list (`NCCL_SOCKET_IFNAME=enp`, "
         "`NCCL_SOCKET_IFNAME=enp6s0,enp4s0`); or unset it to let NCCL choose. Containers see their own interfaces "
-        "(`eth0` in a pod, the host's with `--network=host`).",
+        "(`eth0` in a pod, the host's with `--network=host`). Run once with `NCCL_DEBUG=INFO` to read which "
+        "interface and address NCCL uses ('Bootstrap : Using ...', 'NET/Socket : Using ...').",
         meaning="NCCL's bootstrap (the out-of-band socket ranks use to exchange connection details before any "
-        "collective) binds to the interfaces NCCL_SOCKET_IFNAME selects, or to the first usable non-loopback, "
-        "non-docker one; none matched.",
+        "collective) and its socket transport bind to the interfaces NCCL_SOCKET_IFNAME selects, or to the first "
+        "usable non-loopback, non-docker one. When none matches, or the chosen one carries an address the other "
+        "ranks cannot route to, the first connection fails ('socketStartConnect: Connect to ... failed').",
         why="A launch script that hard-codes `NCCL_SOCKET_IFNAME=eth0` / `ib0` / `bond0` on machines whose interfaces "
         "have other names, nodes whose NICs are named differently, a container or pod without the expected network "
-        "attachment, or a machine with only loopback.",
-        false_positives="None known.",
-        related=("TD460", "TD480", "TD481", "TD411"),
+        "attachment, a machine with only loopback, or a host with several interfaces where NCCL picked one the "
+        "peers cannot reach.",
+        false_positives="'Connection reset by peer' on an established connection is a peer that went away (TD482), "
+        "not an unreachable address.",
+        related=("TD460", "TD480", "TD481", "TD482", "TD411"),
         signatures=(
             Signature(  # NCCL bootstrap.cc: WARN("Bootstrap : no socket interface found"), also the 'Last error:' line
                 role=Role.ROOT_CAUSE,
                 triggers=("no socket interface found",),
                 pattern=r"Bootstrap ?: no (?:NCCL_SOCKET_IFNAME )?socket interface found",
+                values={"what": "no socket interface found"},
                 confidence=0.9,
+            ),
+            # NCCL misc/socket.cc: a connect to the address a peer advertised failed before any data flowed: the
+            # address is not reachable from here (settled by NCCL_SOCKET_IFNAME in the reports we have; NCCL's
+            # maintainers note 'Software caused connection abort' can also follow another failure: not sure)
+            Signature(
+                role=Role.ROOT_CAUSE,
+                triggers=("Connect to",),
+                pattern=r"(?:socketStartConnect|Net) ?: Connect to (?P<peer>\S+) failed ?: (?P<reason>Software caused "
+                r"connection abort|Network is unreachable|No route to host|Connection refused|Connection timed out|"
+                r"Cannot assign requested address)",
+                values={"what": "a connect to a peer's address failed"},
+                confidence=0.7,
             ),
         ),
     )

@@ -36,13 +36,10 @@ MAX_CONFIDENCE = 0.7
 """A guess from words never claims more: sure answers (>= 0.8) come from signatures only."""
 MIN_CONFIDENCE = 0.05
 MIN_SUPPORT = 1.0
-"""The summed positive weight of the words that back the named family must reach this (or its character grams'
-must reach :data:`CHAR_MIN_SUPPORT`), or there is no guess: one weak word is not support. Below both, explain says
-nothing it cannot stand behind."""
-CHAR_MIN_SUPPORT = 2.0
-"""The character model's support for a family (its grams' positive weights, L2-scaled) that backs a guess when the
-words alone do not: text in another language, identifiers. 10-fold CV on the tuning half (765 reports): 13
-abstentions became 6, two answers more right; 3.0 kept 9 abstentions. A sentence of no family stays under it."""
+"""The summed positive weight of the words that back the named family must reach this, or there is no
+guess: one weak word is not support. Below it, explain says nothing it cannot stand behind. (Support from the
+character model was tried as well, 10-fold CV on the tuning half: it turned 13 abstentions into 6 and 2 answers
+right, but it backs a guess on any short traceback, a plain KeyError included: not taken.)"""
 MAX_CUES = 6
 
 # training of the per-code cues (which code of a family): a word must occur in at least MIN_DF documents
@@ -137,9 +134,8 @@ def family_scores(toks: set[str], m: dict[str, Any]) -> dict[str, tuple[float, l
     return out
 
 
-def char_scores(text: str, m: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """Per family, the character model's linear score for ``text`` and its support (the summed positive
-    contributions of the grams present); empty without a character model."""
+def char_probabilities(text: str, m: dict[str, Any]) -> dict[str, float]:
+    """The character model's probability of each family for ``text`` (empty without a character model)."""
     chars = m.get("chars")
     if not chars:
         return {}
@@ -148,42 +144,24 @@ def char_scores(text: str, m: dict[str, Any]) -> dict[str, tuple[float, float]]:
     present = [weights[g] for g in char_grams(text) if g in weights]
     scale = 1 / math.sqrt(len(present)) if present else 0.0  # binary grams, L2-normalised over the vocabulary
     sums = [0.0] * len(order)
-    positive = [0.0] * len(order)
     for row in present:
         for i, w in enumerate(row):
             sums[i] += w
-            if w > 0:
-                positive[i] += w
-    return {f: (b + scale * s, scale * p) for f, b, s, p in zip(order, chars["bias"], sums, positive)}
-
-
-def char_probabilities(text: str, m: dict[str, Any]) -> dict[str, float]:
-    """The character model's probability of each family for ``text`` (empty without a character model)."""
-    return probabilities({f: score for f, (score, _) in char_scores(text, m).items()})
+    return probabilities({f: b + scale * s for f, b, s in zip(order, chars["bias"], sums)})
 
 
 def family_probabilities(
     text: str, m: dict[str, Any], toks: set[str] | None = None
 ) -> tuple[dict[str, float], dict[str, list[tuple[float, str]]]]:
     """Every family's probability for ``text`` (the word and the character model averaged) and, per family, the
-    words with a positive weight for it, strongest first (the reason a guess names)."""
-    probs, supports, _ = _family_probabilities(text, m, toks)
-    return probs, supports
-
-
-def _family_probabilities(
-    text: str, m: dict[str, Any], toks: set[str] | None = None
-) -> tuple[dict[str, float], dict[str, list[tuple[float, str]]], dict[str, float]]:
-    """:func:`family_probabilities`, and per family the character model's support (:func:`char_scores`)."""
+    words with a positive weight for it, strongest first (the reason a guess names, and its support)."""
     toks = tokens(text) if toks is None else toks
     scored = family_scores(toks, m)
     probs = probabilities({f: sc for f, (sc, _) in scored.items()})
-    by_chars = char_scores(text, m)
+    by_chars = char_probabilities(text, m)
     if by_chars:
-        char_probs = probabilities({f: score for f, (score, _) in by_chars.items()})
-        probs = {f: (p + char_probs.get(f, 0.0)) / 2 for f, p in probs.items()}
-    char_support = {f: support for f, (_, support) in by_chars.items()}
-    return probs, {f: words for f, (_, words) in scored.items()}, char_support
+        probs = {f: (p + by_chars.get(f, 0.0)) / 2 for f, p in probs.items()}
+    return probs, {f: words for f, (_, words) in scored.items()}
 
 
 def probabilities(scores: dict[str, float]) -> dict[str, float]:
@@ -213,12 +191,12 @@ def guess(
         return None
     text = text[:1_000_000]
     toks = tokens(text)
-    probs, supports, char_support = _family_probabilities(text, m, toks)
+    probs, supports = family_probabilities(text, m, toks)
     allowed = set(allowed_codes) if allowed_codes is not None else None
     ranked = sorted(probs, key=lambda f: -probs[f]) if family is None else [family] if family in probs else []
     for name in ranked:
         support = supports[name]
-        if sum(w for w, _ in support) < MIN_SUPPORT and char_support.get(name, 0.0) < CHAR_MIN_SUPPORT:
+        if sum(w for w, _ in support) < MIN_SUPPORT:
             return None
         code = _code(m, name, toks, allowed)
         if code is None:

@@ -278,3 +278,25 @@ def test_the_committed_model_averages_a_word_and_a_character_model() -> None:
     assert abs(sum(by_chars.values()) - 1) < 1e-9
     for family, p in probs.items():
         assert abs(p - (by_words[family] + by_chars[family]) / 2) < 1e-9
+
+
+def test_the_guess_is_the_likeliest_family_that_the_words_back() -> None:
+    """A family can lead on its prior alone (a large bias, no word of the text for it): the guess skips it for the
+    likeliest family the words back; with no family backed, there is no guess."""
+    m = {
+        "families": {
+            "host-oom": {"bias": 3.0, "weights": {}},
+            "concurrent-write": {"bias": 0.0, "weights": {"jsonl": 0.8, "interleaved": 0.7}},
+        },
+        "codes": {
+            "host-oom": {"TD270": {"docs": 1, "cues": {}}},
+            "concurrent-write": {"TD659": {"docs": 1, "cues": {}}},
+        },
+    }
+    probs, _ = cues.family_probabilities(WRITE_WORDS, m)
+    assert max(probs, key=lambda f: probs[f]) == "host-oom"
+    g = cues.guess(WRITE_WORDS, m=m)
+    assert g is not None and (g.family, g.code) == ("concurrent-write", "TD659")
+    assert g.confidence == round(max(cues.MIN_CONFIDENCE, probs["concurrent-write"]), 2)
+    assert set(g.cues) == {"jsonl", "interleaved"}
+    assert cues.guess("The progress bar stops moving.", m=m) is None

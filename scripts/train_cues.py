@@ -146,17 +146,16 @@ def fit_chars(docs: list[tuple[str, str, str | None]]) -> dict[str, object]:
     return {
         "families": [str(f) for f in clf.classes_],
         "bias": [round(float(b), 4) for b in clf.intercept_],
-        "weights": {str(g): [round(float(w), 3) for w in clf.coef_[:, j]] for j, g in enumerate(names)},
+        # one string per gram (a line of cues.json): loading the model parses 5k strings, not 80k numbers
+        "weights": {str(g): " ".join(f"{float(w):.3f}" for w in clf.coef_[:, j]) for j, g in enumerate(names)},
     }
 
 
 def render(model: dict[str, Any]) -> str:
-    """The model as JSON, one entry a line; a character gram's weights on its own line."""
+    """The model as JSON, one entry a line; a character gram and its weights on one line."""
     chars = model["chars"]
     rest = {**model, "chars": {**chars, "weights": "@WEIGHTS@"}}
-    rows = ",\n".join(
-        f"{json.dumps(g)}:{json.dumps(w, separators=(',', ':'))}" for g, w in sorted(chars["weights"].items())
-    )
+    rows = ",\n".join(f"{json.dumps(g)}:{json.dumps(w)}" for g, w in sorted(chars["weights"].items()))
     return json.dumps(rest, indent=0, sort_keys=True).replace('"@WEIGHTS@"', "{\n" + rows + "\n}") + "\n"
 
 

@@ -269,7 +269,7 @@ def test_the_committed_model_averages_a_word_and_a_character_model() -> None:
     m = cues.model()
     chars = m["chars"]
     assert sorted(chars["families"]) == sorted(m["families"]) and len(chars["bias"]) == len(chars["families"])
-    assert chars["weights"] and all(len(row) == len(chars["families"]) for row in chars["weights"].values())
+    assert chars["weights"] and all(len(row.split()) == len(chars["families"]) for row in chars["weights"].values())
     probs, supports = cues.family_probabilities(PROSE_SHM, m)
     assert abs(sum(probs.values()) - 1) < 1e-9 and set(supports) == set(m["families"])
     words_only = {**m, "chars": None}

@@ -141,8 +141,8 @@ def char_probabilities(text: str, m: dict[str, Any]) -> dict[str, float]:
     if not chars:
         return {}
     order: list[str] = chars["families"]
-    weights: dict[str, list[float]] = chars["weights"]
-    present = [weights[g] for g in char_grams(text) if g in weights]
+    weights: dict[str, str] = chars["weights"]  # a gram's weights as one string: parsed only for grams present
+    present = [[float(w) for w in weights[g].split()] for g in char_grams(text) if g in weights]
     scale = 1 / math.sqrt(len(present)) if present else 0.0  # binary grams, L2-normalised over the vocabulary
     sums = [0.0] * len(order)
     for row in present:

@@ -34,7 +34,7 @@ given with confidence >= 0.8 should be right >= 95% of the time. It is a measure
 is 0 whatever the accuracy.
 
     python benchmarks/explain_accuracy.py [--set all|frozen|tune|old] [--json] [--summary] [--family SLUG]
-    python benchmarks/explain_accuracy.py --set tune --cv    # word model refitted in 10 folds
+    python benchmarks/explain_accuracy.py --set tune --cv    # word model refitted in 10 folds (about 4 min)
 """
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ def run(root: Path = REPORTS, family: str | None = None) -> tuple[list[Result], 
 
 
 def run_cross_validated(root: Path, family: str | None = None) -> tuple[list[Result], dict[str, Any]]:
-    """The tune half with explain's word model refitted in folds (``scripts/train_cues.py``): each
-    report is explained by a word model that never read it. The signatures have still been tuned on
+    """The tune half with explain's word model (its word and character regressions) refitted in folds
+    (``scripts/train_cues.py``): each report is explained by a word model that never read it. The signatures have still been tuned on
     this half; this only takes out the word model's memory of it. Needs scikit-learn."""
     sys.path.insert(0, str(REPO / "scripts"))
     import train_cues  # type: ignore[import-not-found]

@@ -265,7 +265,7 @@ def test_a_long_text_is_read_at_its_start_and_its_end() -> None:
     assert "alpha" in grams and "omega" in grams and "middl" not in grams
 
 
-def test_the_committed_model_averages_a_word_and_a_character_model() -> None:
+def test_the_committed_model_mixes_a_word_and_a_character_model() -> None:
     m = cues.model()
     chars = m["chars"]
     assert sorted(chars["families"]) == sorted(m["families"]) and len(chars["bias"]) == len(chars["families"])
@@ -277,7 +277,7 @@ def test_the_committed_model_averages_a_word_and_a_character_model() -> None:
     by_chars = cues.char_probabilities(PROSE_SHM, m)
     assert abs(sum(by_chars.values()) - 1) < 1e-9
     for family, p in probs.items():
-        assert abs(p - (by_words[family] + by_chars[family]) / 2) < 1e-9
+        assert abs(p - (cues.WORDS_SHARE * by_words[family] + (1 - cues.WORDS_SHARE) * by_chars[family])) < 1e-9
 
 
 def test_the_guess_is_the_likeliest_family_that_the_words_back() -> None:

@@ -8,8 +8,8 @@ Never ``tests/eval/world/frozen``: that half measures what the model was not bui
 
 The family model is two multinomial logistic regressions, one over word presence and one over the
 presence of the words' character 3- to 5-grams (L2-normalised, refitted on the CHAR_TOP grams of largest
-weight per family), whose probabilities explain mixes (0.6 to the words) (scikit-learn, a dev dependency; reading the model
-needs nothing but the standard library). The guess alone in 10-fold CV on the tuning half (``--cv``, 765
+weight per family), whose probabilities explain mixes, 0.6 to the words (scikit-learn, a dev dependency;
+reading the model needs nothing but the standard library). The guess alone in 10-fold CV on the tuning half (``--cv``, 765
 reports): 77.5% right with both models (593; 20 silent), 74.5% with the words alone. ``--check`` compares the
 SHA-256 of the labelled texts with the one the model records, so it needs no scikit-learn and
 does not depend on floating-point details of a BLAS.

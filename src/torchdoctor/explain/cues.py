@@ -7,11 +7,11 @@ answer would be harmful. This module gives a ranked *family* guess from the repo
 its reason (the words) and a confidence that stays at or below :data:`MAX_CONFIDENCE`.
 
 The model is learned, not written by hand: ``cues.json`` beside this module holds two multinomial
-logistic regressions whose probabilities are mixed, 0.6 to the words (:data:`WORDS_SHARE`). One reads the words and word pairs (their
-presence; these are the words a guess names as its reason), the other the character 3- to 5-grams of
-the whitespace-separated words (:func:`char_grams`), which also read what the word model cannot: other
-languages (Chinese reports say 多机, 共享内存), identifiers cut or glued to punctuation
-(``NCCL_SOCKET_IFNAME=eth0``), numbers inside names. Per code, the words that tell a family's codes
+logistic regressions whose probabilities are mixed, 0.6 to the words (:data:`WORDS_SHARE`). One reads
+the words and word pairs (their presence; these are the words a guess names as its reason), the other
+the character 3- to 5-grams of the whitespace-separated words (:func:`char_grams`), which also read what
+the word model cannot: other languages (Chinese reports say 多机, 共享内存), identifiers cut or glued to
+punctuation (``NCCL_SOCKET_IFNAME=eth0``), numbers inside names. Per code, the words that tell a family's codes
 apart (smoothed log-odds) choose the code. ``scripts/train_cues.py`` rebuilds it from the project's
 labelled texts (the catalogue's fixtures, ``tests/eval/reports`` and the tuning half of
 ``tests/eval/world``; never the frozen half) with scikit-learn, records the SHA-256 of those texts,

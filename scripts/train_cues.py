@@ -9,9 +9,9 @@ Never ``tests/eval/world/frozen``: that half measures what the model was not bui
 The family model is two multinomial logistic regressions, one over word presence and one over the
 presence of the words' character 3- to 5-grams (L2-normalised, refitted on the CHAR_TOP grams of largest
 weight per family), whose probabilities explain mixes, 0.6 to the words (scikit-learn, a dev dependency;
-reading the model needs nothing but the standard library). The guess alone in 10-fold CV on the tuning half (``--cv``, 765
-reports): 77.5% right with both models (593; 20 silent), 74.5% with the words alone. ``--check`` compares the
-SHA-256 of the labelled texts with the one the model records, so it needs no scikit-learn and
+reading the model needs nothing but the standard library). The guess alone in 10-fold CV on the tuning half
+(``--cv``, 765 reports): 77.5% right with both models (593; 20 silent), 74.5% with the words alone.
+``--check`` compares the SHA-256 of the labelled texts with the one the model records, so it needs no scikit-learn and
 does not depend on floating-point details of a BLAS.
 
     python scripts/train_cues.py            # write the model
@@ -123,9 +123,8 @@ def fit_chars(docs: list[tuple[str, str, str | None]]) -> dict[str, object]:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    texts = [text for text, _, _ in docs]
     labels = [family for _, family, _ in docs]
-    grams = [cues.char_grams(text) for text in texts]
+    grams = [cues.char_grams(text) for text, _, _ in docs]
 
     def vectorizer(vocabulary: object = None) -> TfidfVectorizer:
         return TfidfVectorizer(

@@ -94,7 +94,7 @@ def test_shm_scenarios_never_touch_the_real_dev_shm(runs: LabRuns) -> None:
         # file_system segments (/dev/shm/torch_*) can outlive a killed run: these get a private tmpfs
         for name in ("fd-queue-ancdata", "fd-loader-kept-batches", "map-count-fast-spawn", "map-count-fast-forkserver"):
             assert runs.get(name, fixed=True).private_shm is not None, name
-    leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("torchdoctor-lab-cache-")]
+    leftovers = runs.left_behind("torchdoctor-lab-cache-", where="/dev/shm")
     assert not leftovers, leftovers
 
 

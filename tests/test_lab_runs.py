@@ -27,7 +27,13 @@ NAME = "runs-unseeded-worker"
 
 
 @pytest.fixture(scope="module")
-def records() -> Iterator[dict[bool, RunRecord]]:
+def before() -> set[str]:
+    """The temporary directory before this module's runs (a killed earlier run's leftovers are not theirs)."""
+    return set(os.listdir(tempfile.gettempdir()))
+
+
+@pytest.fixture(scope="module")
+def records(before: set[str]) -> Iterator[dict[bool, RunRecord]]:
     with ThreadPoolExecutor(2) as pool:
         futures = {fixed: pool.submit(run, get(NAME), fixed) for fixed in (False, True)}
         out = {fixed: f.result() for fixed, f in futures.items()}
@@ -62,9 +68,9 @@ def test_fixed_runs_agree(records: dict[bool, RunRecord]) -> None:
     assert len(losses) == 2 and losses[0] == losses[1]
 
 
-def test_no_temporary_directory_is_left_behind(records: dict[bool, RunRecord]) -> None:
+def test_no_temporary_directory_is_left_behind(records: dict[bool, RunRecord], before: set[str]) -> None:
     assert all(r.exit_code is not None for r in records.values())
-    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("torchdoctor-lab-runs-")]
+    assert not [p for p in set(os.listdir(tempfile.gettempdir())) - before if p.startswith("torchdoctor-lab-runs-")]
 
 
 def test_a_scenario_killed_at_its_deadline_leaves_no_temporary_directory(monkeypatch: pytest.MonkeyPatch) -> None:

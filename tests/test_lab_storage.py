@@ -76,9 +76,7 @@ def test_the_scenarios_are_here() -> None:
 
 
 def test_no_temporary_directory_or_attribute_is_left_behind(runs: LabRuns) -> None:
-    for name in NAMES:  # wait for every run, failing and fixed
-        runs.get(name), runs.get(name, fixed=True)
-    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("torchdoctor-lab-")]
+    assert not runs.left_behind("torchdoctor-lab-")  # waits for every run, failing and fixed
 
 
 # -- what the real texts say -------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 
 import pytest
 
@@ -66,20 +65,9 @@ def test_the_scenarios_are_here() -> None:
 
 
 def test_no_temporary_directory_is_left_behind(runs: LabRuns) -> None:
-    for name in NAMES:  # wait for every run, failing and fixed
-        runs.get(name), runs.get(name, fixed=True)
-    assert not [
-        p
-        for p in os.listdir(tempfile.gettempdir())
-        if p.startswith(
-            (
-                "torchdoctor-lab-writes-",
-                "torchdoctor-lab-publish-",
-                "torchdoctor-lab-samepath-",
-                "torchdoctor-lab-rotate-",
-            )
-        )
-    ]
+    assert not runs.left_behind(  # waits for every run, failing and fixed
+        "torchdoctor-lab-writes-", "torchdoctor-lab-publish-", "torchdoctor-lab-samepath-", "torchdoctor-lab-rotate-"
+    )
 
 
 def test_the_writers_really_interleaved(runs: LabRuns) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -50,6 +51,9 @@ class LabRuns:
     """Starts every failing run, then every fixed run, a few at a time; each test waits for its own."""
 
     def __init__(self, names: Iterable[str], workers: int = 3) -> None:
+        # what the temporary directory held before these runs: another run, killed before it could clean up
+        # (or running beside this suite), is not this module's to answer for
+        self.before = {d: set(os.listdir(d)) for d in (tempfile.gettempdir(), "/dev/shm") if os.path.isdir(d)}
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="lab")
         names = list(names)
         self.futures: dict[tuple[str, bool], Future[RunRecord]] = {}
@@ -67,6 +71,12 @@ class LabRuns:
         """Every run finished: nothing of the lab runs beside the caller (a test counting a user's tasks)."""
         for future in self.futures.values():
             future.result()
+
+    def left_behind(self, *prefixes: str, where: str | None = None) -> list[str]:
+        """Entries of ``where`` (the temporary directory) starting with one of ``prefixes`` that these runs left."""
+        self.wait_all()
+        where = where or tempfile.gettempdir()
+        return sorted(p for p in set(os.listdir(where)) - self.before.get(where, set()) if p.startswith(prefixes))
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -115,13 +115,13 @@ def test_text_report_and_plot(tmp_path: Path) -> None:
     assert plot.stat().st_size > 5000 and plot.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_runs_under_torchrun_as_a_module() -> None:
+def test_runs_under_torchrun_as_a_module(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
         + ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0"]
         + ["-m", "torchdoctor.dist", "--format", "json", "--timeout", "20"],
-        env=clean_env(),
+        env=clean_env(TMPDIR=str(tmp_path)),  # torchrun's own log directory (torchelastic_*) goes there
         capture_output=True,
         text=True,
         timeout=120,

@@ -136,7 +136,7 @@ TD408 = register(
         "/etc/hosts, or a Kubernetes service that is not created yet.",
         false_positives="A name that resolves only later (a pod or service still starting) reports here while the job "
         "would eventually connect; a resolver that does not answer within 2 s is reported as a warning.",
-        related=("TD409", "TD410"),
+        related=("TD409", "TD410", "TD449"),
         check=_check_unresolvable,
     )
 )

@@ -1,4 +1,4 @@
-"""TD450-TD479: torch.distributed rendezvous, gloo collectives and launcher summaries in logs (``explain``).
+"""TD449-TD479: torch.distributed rendezvous, gloo collectives and launcher summaries in logs (``explain``).
 
 Root causes are what a rank reports about itself (a missing variable, a port in use, a store nobody
 joins, collectives that differ); a survivor's "Connection closed by peer" or a collective timeout is a
@@ -366,6 +366,43 @@ TD453 = register(
                 confidence=0.45,
                 confirm="Run the containers with `--network=host` (or publish the rendezvous and backend ports): if the "
                 "job then starts, the network isolation was the cause.",
+            ),
+        ),
+    )
+)
+
+TD449 = register(
+    Code(
+        code="TD449",
+        name="dist-store-host-not-found",
+        family="dist-connect",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="the rendezvous store's host name does not resolve",
+        message="The store client could not resolve the host it was told to connect to ({error}): MASTER_ADDR (or the "
+        "rendezvous endpoint, or the host name a launcher advertised for its store) is not a name this node can "
+        "look up.",
+        fix="Use a name every node resolves, or rank 0's IP address: check with `getent hosts $MASTER_ADDR` on each "
+        'node. Under Slurm: `export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)`; in '
+        "Kubernetes, the headless service of the master pod must exist before the workers start. "
+        "`torchdoctor check --dist` resolves MASTER_ADDR before the run (TD408).",
+        meaning="torch 1.x's TCPStore client resolved the store's host with getaddrinfo and raised "
+        "'host not found: <the resolver's message>' when it failed; torch 2.x keeps retrying until the connect "
+        "timeout instead (TD453).",
+        why="A typo or a short host name outside the DNS search domain, a name known only to the login node's "
+        "/etc/hosts, a job submitted to another cluster than the one the name belongs to, a pod or service whose "
+        "name is not created yet, or a launcher that advertises its own host name where the others cannot resolve it.",
+        false_positives="A resolver that fails for a moment ('Temporary failure in name resolution') on a name that "
+        "does exist: the run may pass when retried.",
+        related=("TD408", "TD453", "TD409"),
+        signatures=(
+            Signature(  # torch 1.x c10d (TCPStore), and torchelastic's etcd rendezvous quoting it
+                role=Role.ROOT_CAUSE,
+                triggers=("host not found: ",),
+                pattern=r"host not found: (?P<error>Name or service not known|Temporary failure in name resolution|"
+                r"nodename nor servname provided, or not known|No address associated with hostname|"
+                r"Name does not resolve)",
+                confidence=0.8,
             ),
         ),
     )

@@ -70,6 +70,11 @@ CHAR_C = 20.0
 CHAR_MIN_DOCS = 3
 CHAR_TOP = 500
 """Per family, the character grams of largest absolute weight kept for the refit."""
+CLASS_WEIGHT = "balanced"
+"""Both regressions weigh each family's texts by the inverse of its share, so every family counts alike (the
+tuning half is uneven: 102 host-oom reports, 2 shm-map-count; the frozen half and the per-family targets are
+even). 10-fold CV on the tuning half (846 reports): 697 right against 693 unweighted, per-family mean 84.8%
+against 84.2%."""
 VERSION = 3
 
 
@@ -95,7 +100,7 @@ def fit(docs: list[tuple[str, str, str | None]]) -> dict[str, Any]:
     labels = [family for _, family, _ in docs]
     vec = CountVectorizer(analyzer=lambda toks: toks, binary=True, min_df=MIN_DOCS)
     x = vec.fit_transform(rows)
-    clf = LogisticRegression(C=C, max_iter=2000).fit(x, labels)
+    clf = LogisticRegression(C=C, max_iter=2000, class_weight=CLASS_WEIGHT).fit(x, labels)
     vocab = vec.get_feature_names_out()
     families: dict[str, object] = {}
     for i, family in enumerate(clf.classes_):
@@ -136,11 +141,11 @@ def fit_chars(docs: list[tuple[str, str, str | None]]) -> dict[str, object]:
         )
 
     vec = vectorizer()
-    clf = LogisticRegression(C=CHAR_C, max_iter=3000).fit(vec.fit_transform(grams), labels)
+    clf = LogisticRegression(C=CHAR_C, max_iter=3000, class_weight=CLASS_WEIGHT).fit(vec.fit_transform(grams), labels)
     keep = sorted(set(np.argsort(-np.abs(clf.coef_), axis=1, kind="stable")[:, :CHAR_TOP].ravel().tolist()))
     vocab = [str(g) for g in vec.get_feature_names_out()[keep]]
     vec = vectorizer(vocab)
-    clf = LogisticRegression(C=CHAR_C, max_iter=3000).fit(vec.fit_transform(grams), labels)
+    clf = LogisticRegression(C=CHAR_C, max_iter=3000, class_weight=CLASS_WEIGHT).fit(vec.fit_transform(grams), labels)
     names = vec.get_feature_names_out()
     return {
         "families": [str(f) for f in clf.classes_],

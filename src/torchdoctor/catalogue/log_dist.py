@@ -1,4 +1,4 @@
-"""TD449-TD479: torch.distributed rendezvous, gloo collectives and launcher summaries in logs (``explain``).
+"""TD448-TD479: torch.distributed rendezvous, gloo collectives and launcher summaries in logs (``explain``).
 
 Root causes are what a rank reports about itself (a missing variable, a port in use, a store nobody
 joins, collectives that differ); a survivor's "Connection closed by peer" or a collective timeout is a
@@ -843,6 +843,36 @@ TD465 = register(
                 role=Role.ROOT_CAUSE,
                 triggers=("unrecognized arguments: --local",),
                 pattern=r"error: unrecognized arguments:(?: \S+)*? (?P<arg>--local[-_]rank(?:=\d+)?)",
+                confidence=0.9,
+            ),
+        ),
+    )
+)
+
+TD448 = register(
+    Code(
+        code="TD448",
+        name="launch-nproc-per-node-invalid",
+        family="dist-env",
+        severity=Severity.ERROR,
+        area="distributed",
+        title="torchrun rejected its --nproc-per-node value",
+        message="torchrun was given `--nproc-per-node {value}`, which is neither a number of processes nor one of "
+        "`gpu`, `cpu`, `auto`, `xpu` (or another device type): it stopped before starting any worker.",
+        fix="Pass the number of processes for this node: `torchrun --nproc-per-node=<number of GPUs> train.py` (or "
+        "`--nproc-per-node=gpu` to start one per visible GPU). A wrapper script (`dist_train.sh CONFIG GPUS`) "
+        "shifted its arguments: give it every positional argument it expects, in its order.",
+        meaning="torchrun reads --nproc-per-node as an integer, or as a device type whose device count it uses; "
+        "anything else is a ValueError in `determine_local_world_size`.",
+        why="A launch script called with its arguments in the wrong order or one missing, so a config path or an empty "
+        "variable lands in `--nproc_per_node=$GPUS`.",
+        false_positives="None known.",
+        related=("TD465", "TD450"),
+        signatures=(
+            Signature(
+                role=Role.ROOT_CAUSE,
+                triggers=("Unsupported nproc_per_node value",),
+                pattern=r"Unsupported nproc_per_node value(?:: (?P<value>\S*))?",
                 confidence=0.9,
             ),
         ),

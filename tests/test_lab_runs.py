@@ -17,6 +17,7 @@ import re
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,39 @@ def test_a_scenario_killed_at_its_deadline_leaves_no_temporary_directory(monkeyp
     scratch = os.path.dirname(made)
     assert os.path.basename(scratch).startswith(f"torchdoctor-lab-{NAME}-")  # inside the run's own directory
     assert not os.path.exists(made) and not os.path.exists(scratch)
+
+
+def test_the_next_run_removes_the_scratch_of_a_runner_killed_with_sigkill(tmp_path: Path) -> None:
+    """A runner killed with SIGKILL cannot remove its scratch directory; the next run removes it, and only it: not
+    a live runner's, not one of another name."""
+    import subprocess
+    import sys
+
+    from torchdoctor.lab import runner
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # a process that has exited: its PID names no runner
+    stale = tmp_path / f"torchdoctor-lab-map-count-spawn-p{dead}-ab_12XYZ"
+    (stale / "torch-shm-dir-x").mkdir(parents=True)
+    live = tmp_path / f"torchdoctor-lab-map-count-spawn-p{os.getpid()}-cd_34XYZ"
+    live.mkdir()
+    others = [tmp_path / "torchdoctor-lab-map-count-spawn-ef_56XYZ", tmp_path / f"torchdoctor-x-p{dead}-gh_78XYZ"]
+    for d in others:
+        d.mkdir()
+    (tmp_path / f"torchdoctor-lab-writes-p{dead}-ij_90XYZ").write_text("a file, not a run's directory")
+    assert runner.sweep_stale_scratch(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and all(d.exists() for d in others)
+    assert (tmp_path / f"torchdoctor-lab-writes-p{dead}-ij_90XYZ").exists()
+    assert runner.sweep_stale_scratch(str(tmp_path / "missing")) == []
+
+
+def test_a_run_names_its_scratch_after_its_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from torchdoctor.lab import runner
+
+    code = "import os; print(os.environ['TMPDIR'], flush=True)"
+    monkeypatch.setattr(runner, "_child_argv", lambda s, fixed: ([sys.executable, "-c", code], None))
+    rec = run(get(NAME), timeout=30.0)
+    scratch = os.path.basename(rec.output.decode().split()[0])
+    assert runner.SCRATCH.fullmatch(scratch) and f"-p{os.getpid()}-" in scratch

@@ -6,14 +6,17 @@ The child is watched by :func:`torchdoctor.supervise.supervise` (the one supervi
 memory overrun (PSS of its session), Ctrl-C, SIGTERM or SIGHUP its whole session is killed (a
 killed DataLoader owner can orphan workers that pin thousands of shm segments), and so is
 anything left of it after a normal exit. Only processes this runner started are ever signalled.
-The child's ``TMPDIR`` is a directory of this run (``torchdoctor-lab-<scenario>-*``), removed after
-its session is gone, so what a killed scenario could not clean up (its temporary directories) goes too.
+The child's ``TMPDIR`` is a directory of this run (``torchdoctor-lab-<scenario>-p<pid>-*``, ``pid`` the
+runner's own), removed after its session is gone, so what a killed scenario could not clean up (its temporary
+directories) goes too. A runner that is itself killed with SIGKILL cannot remove it: the next run removes
+such directories of runners that are gone (:func:`sweep_stale_scratch`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +31,8 @@ from ..supervise import Limits, child_env, signal_name, start, supervise
 from . import Scenario
 
 OUTPUT_LIMIT = 8 * 1024 * 1024
+SCRATCH = re.compile(r"torchdoctor-lab-[a-z0-9-]+-p(?P<pid>[0-9]+)-[A-Za-z0-9_]{8}")
+"""A run's scratch directory (``tempfile.mkdtemp``'s 8-character suffix), named after the runner's PID."""
 PRIVATE_SHM_SIZE = "4g"
 
 
@@ -163,12 +168,41 @@ def run(s: Scenario, fixed: bool = False, timeout: float | None = None, watch: f
     limit = timeout or s.timeout
     # the scenario's temporary files go into a directory of this run, removed once its session is gone: a child
     # killed at its deadline, past its memory bound or with torchdoctor (SIGTERM) cannot clean up after itself
-    scratch = tempfile.mkdtemp(prefix=f"torchdoctor-lab-{s.name}-")
+    sweep_stale_scratch()
+    scratch = tempfile.mkdtemp(prefix=f"torchdoctor-lab-{s.name}-p{os.getpid()}-")
     os.chmod(scratch, 0o755)  # a scenario rerun as an unprivileged user must still reach the directories made in it
     try:
         return _run_in(s, record, argv, limit, watch, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def sweep_stale_scratch(where: str | None = None) -> list[str]:
+    """Remove the scratch directories (:data:`SCRATCH`) that runners killed with SIGKILL left in ``where`` (the
+    temporary directory): only this user's, and only those whose runner's PID no longer exists. A live PID, even
+    one reused by another program, keeps its directory. Returns what was removed."""
+    where = where or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = SCRATCH.fullmatch(entry.name)
+        if not m:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(m["pid"]), 0)
+            continue  # its runner (or a process with its PID) is alive
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):
+            continue  # PermissionError: a live process of another user
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
 
 
 def _run_in(

@@ -3,6 +3,7 @@ runs (see :mod:`torchdoctor.supervise`); light enough for the CLI to import on e
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -18,6 +19,20 @@ def signal_name(exit_code: int | None) -> str | None:
         return signal.Signals(-exit_code).name
     except ValueError:
         return f"signal {-exit_code}"
+
+
+def pid_alive(pid: int) -> bool:
+    """A process with this PID exists (this user's or another's). A PID can be reused: alive is not proof that
+    the process is the one that wrote a name, so callers only ever clean up after PIDs that are gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (OverflowError, ValueError):  # no such PID can exist
+        return False
+    return True
 
 
 class Stopped(BaseException):

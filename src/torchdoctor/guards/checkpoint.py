@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from ..errors import TorchDoctorError, UsageError
+from ..stopping import pid_alive
 
 __all__ = ["CheckpointError", "load", "save", "current_rank", "estimate_nbytes", "rotation_pattern"]
 
@@ -266,16 +267,6 @@ def _sync_file_range() -> Any:
 _SYNC_FILE_RANGE = _sync_file_range()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def clean_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
     """Remove temporary files of writers that died in ``directory``; returns what was removed.
 
@@ -291,7 +282,7 @@ def clean_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
         return removed
     for entry in entries:
         m = _TMP_RE.match(entry.name)
-        if not m or m["host"] != host or _pid_alive(int(m["pid"])):
+        if not m or m["host"] != host or pid_alive(int(m["pid"])):
             continue
         try:
             if not entry.is_file(follow_symlinks=False):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from ..stopping import pid_alive
 from ..supervise import Limits, child_env, signal_name, start, supervise
 from . import Scenario
 
@@ -192,14 +193,11 @@ def sweep_stale_scratch(where: str | None = None) -> list[str]:
         if not m:
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
-            os.kill(int(m["pid"]), 0)
-            continue  # its runner (or a process with its PID) is alive
-        except ProcessLookupError:
-            pass
-        except (OSError, OverflowError):
-            continue  # PermissionError: a live process of another user
+            ours = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+        except OSError:
+            continue
+        if not ours or pid_alive(int(m["pid"])):  # a live PID (its runner, or a reuse) keeps its directory
+            continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.path)
     return removed

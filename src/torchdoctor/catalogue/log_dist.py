@@ -398,7 +398,7 @@ TD449 = register(
         signatures=(
             Signature(  # torch 1.x c10d (TCPStore), and torchelastic's etcd rendezvous quoting it
                 role=Role.ROOT_CAUSE,
-                triggers=("host not found: ",),
+                triggers=("host not found:",),
                 pattern=r"host not found: (?P<error>Name or service not known|Temporary failure in name resolution|"
                 r"nodename nor servname provided, or not known|No address associated with hostname|"
                 r"Name does not resolve)",

@@ -35,6 +35,7 @@ is 0 whatever the accuracy.
 
     python benchmarks/explain_accuracy.py [--set all|frozen|tune|old] [--json] [--summary] [--family SLUG]
     python benchmarks/explain_accuracy.py --set tune --cv    # word model refitted in 10 folds (about 4 min)
+    python benchmarks/explain_accuracy.py --seen URL [URL ...]   # gathering: is this thread already used?
 """
 
 from __future__ import annotations
@@ -342,6 +343,30 @@ def render_calibration(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def thread_key(url: str) -> str:
+    """``https://github.com/Owner/Repo/issues/12#x`` -> ``github.com/owner/repo/12`` (issues and
+    pull requests share one number space); other URLs without scheme, query or fragment."""
+    url = url.strip().rstrip(").,;'\"`>").lower()
+    url = re.sub(r"^https?://(www\.)?", "", url).split("#")[0].split("?")[0].rstrip("/")
+    m = re.match(r"github\.com/([^/]+)/([^/]+)/(?:issues|pull|discussions)/(\d+)", url)
+    return f"github.com/{m.group(1)}/{m.group(2)}/{m.group(3)}" if m else url
+
+
+def used_threads(roots: tuple[Path, ...] = (REPO / "tests" / "fixtures", REPO / "tests" / "eval")) -> set[str]:
+    """Every thread a file under ``roots`` cites anywhere in its text (fixtures, both halves, the old set)."""
+    keys: set[str] = set()
+    for root in roots:
+        for path in root.rglob("*"):
+            if not path.is_file():
+                continue
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            keys.update(thread_key(u) for u in re.findall(r"https?://[^\s)\"'>`\]]+", text))
+    return keys
+
+
 def is_frozen(root: Path) -> bool:
     """The frozen half (or anything inside it): only totals may be shown."""
     try:
@@ -373,7 +398,19 @@ def main(argv: list[str] | None = None) -> int:
         help="tune half only: refit explain's word model in 10 folds so no report is explained by a word model "
         "that read it (needs scikit-learn)",
     )
+    ap.add_argument(
+        "--seen",
+        nargs="+",
+        metavar="URL",
+        help="for people gathering reports: print NEW or USED for each thread (cited by a fixture or any report of "
+        "any set), never which file cites it, and exit",
+    )
     args = ap.parse_args(argv)
+    if args.seen:
+        used = used_threads()
+        for url in args.seen:
+            print(f"{'USED' if thread_key(url) in used else 'NEW '} {url}")
+        return 0
     sys.path.insert(0, str(REPO / "src"))
     if args.cv and args.set != "tune":
         ap.error("--cv needs --set tune (the frozen half was never read by the word model; the old set is in it)")

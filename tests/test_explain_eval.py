@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,30 +76,12 @@ WORLD = FROZEN + TUNE
 EVERY = REPORTS + WORLD
 
 
-def thread_key(url: str) -> str | None:
-    """``https://github.com/Owner/Repo/issues/12#x`` -> ``github.com/owner/repo/12`` (issues and
-    pull requests share one number space); other URLs without scheme, query or fragment."""
-    url = url.strip().rstrip(").,;'\"`>").lower()
-    url = re.sub(r"^https?://(www\.)?", "", url).split("#")[0].split("?")[0].rstrip("/")
-    m = re.match(r"github\.com/([^/]+)/([^/]+)/(?:issues|pull|discussions)/(\d+)", url)
-    return f"github.com/{m.group(1)}/{m.group(2)}/{m.group(3)}" if m else url
+thread_key = H.thread_key
 
 
 def fixture_threads() -> set[str]:
-    """Every thread any fixture file under tests/fixtures cites, anywhere in its text."""
-    keys: set[str] = set()
-    for path in FIXTURES.rglob("*"):
-        if not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        for url in re.findall(r"https?://[^\s)\"'>`\]]+", text):
-            key = thread_key(url)
-            if key and "github.com/" in key:
-                keys.add(key)
-    return keys
+    """Every GitHub thread any fixture file under tests/fixtures cites, anywhere in its text."""
+    return {k for k in H.used_threads((FIXTURES,)) if "github.com/" in k}
 
 
 def test_corpus_size_and_breadth() -> None:
@@ -225,3 +206,21 @@ def test_cli_json_exits_zero() -> None:
     data = json.loads(proc.stdout)
     assert data["summary"]["reports"] == sum(r.family == "cuda-oom" for r in REPORTS)
     assert {r["expected"] for r in data["results"]} == {"cuda-oom"}
+
+
+def test_seen_answers_new_or_used_and_never_names_a_file() -> None:
+    """What people gathering reports ask (`--seen URL ...`): a thread a fixture or a frozen report cites is USED,
+    a thread nobody cites is NEW, and the answer never says which file cites it."""
+    fixture_url = "https://github.com/pytorch/examples/issues/540#issuecomment-1"  # TD449's fixture
+    frozen_url = FROZEN[0].source_url
+    unused = "https://github.com/torchdoctor-nobody/no-such-repo/issues/999999"
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), "--seen", fixture_url, frozen_url, unused],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    answers = proc.stdout.splitlines()
+    assert [a.split()[0] for a in answers] == ["USED", "USED", "NEW"]
+    assert "tests/" not in proc.stdout and ".log" not in proc.stdout and FROZEN[0].id not in proc.stdout

@@ -256,7 +256,7 @@ def test_torchrun_root_cause_shows_rank_1_message(tmp_path: Path) -> None:
             str(script),
         ],
         cwd=tmp_path,
-        env=clean_env(),
+        env=clean_env(TMPDIR=str(tmp_path)),  # torchrun's own log directory (torchelastic_*) goes there
         capture_output=True,
         text=True,
         timeout=180,

@@ -25,6 +25,7 @@ def test_readme_ranks_example_runs_under_torchrun(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(_example())
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
     env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["TMPDIR"] = str(tmp_path)  # torchrun's own log directory (torchelastic_*) goes there
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "train.py"],
         cwd=tmp_path,
